@@ -1,0 +1,15 @@
+"""cek: fast, checked cosine embedding loss kernels for NVIDIA GPUs."""
+
+from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
+from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.kernel import Arg, Kernel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Arg",
+    "CosineEmbeddingLossBackward",
+    "CosineEmbeddingLossForward",
+    "Kernel",
+    "__version__",
+]

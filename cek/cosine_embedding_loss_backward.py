@@ -1,0 +1,27 @@
+"""CosineEmbeddingLossBackward: the Kernel for kernels/cosine_embedding_loss_backward.cu."""
+
+from cek.kernel import Arg, Kernel
+
+ROW = ("n_rows",)
+MATRIX = ("n_rows", "n_dim")
+
+
+class CosineEmbeddingLossBackward(Kernel):
+    """dx1, dx2 of the per-row cosine embedding loss, given the upstream gradient dy [n_rows]."""
+
+    name = "cosine_embedding_loss_backward"
+    args = (
+        Arg("dy", "float*", ROW),
+        Arg("x1", "float*", MATRIX),
+        Arg("x2", "float*", MATRIX),
+        Arg("y", "float*", ROW),
+        Arg("dx1", "float*", MATRIX, output=True),
+        Arg("dx2", "float*", MATRIX, output=True),
+        Arg("n_rows", "int"),
+        Arg("n_dim", "int"),
+        Arg("margin", "float"),
+    )
+
+    def bytes_moved(self, n_rows: int, n_dim: int) -> int:
+        # Header of the .cu: x1, x2 read and dx1, dx2 written once, plus dy and y.
+        return 16 * n_rows * n_dim + 8 * n_rows

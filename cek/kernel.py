@@ -1,0 +1,222 @@
+"""The Kernel class: one compiled instance of a `.cu` template, described by its documented fields.
+
+A Kernel knows its source (the template from `kernels/` plus a generated `extern "C"` entry point
+that fixes BLOCK_SIZE), its argument list, its launch configuration and how to check launch
+arguments. It does not know how to run: `cek.gpu` and `cek.emulate` do that, and both go
+through `check_args` and `launch_config` here, so the GPU and the CPU emulator accept exactly the
+same launches.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from cek.sources import load_kernel_source
+
+WARP = 32
+MAX_THREADS = 1024
+
+_NUMPY_TYPES = {"float*": np.float32, "int": np.int32, "float": np.float32}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
+
+    `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
+    """
+
+    name: str
+    ctype: str
+    shape: tuple[str, ...] = ()
+    output: bool = False
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(_NUMPY_TYPES[self.ctype])
+
+    def declaration(self) -> str:
+        return f"{self.ctype} {self.name}"
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def chunks_per_thread(block_size: int) -> int:
+    """Mirror of cek_chunks_per_thread in kernels/cek_row.cuh: float4 chunks each thread holds."""
+    return max(1, block_size // (4 * MAX_THREADS))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+class Kernel:
+    """Base class. Subclasses set `name`, `args` and `bytes_moved`."""
+
+    name: ClassVar[str]
+    args: ClassVar[tuple[Arg, ...]]
+    dtype: ClassVar[str] = "f32"
+    max_block_size: ClassVar[int] = 16384
+    max_threads: ClassVar[int] = MAX_THREADS
+    launch_contract: ClassVar[str] = (
+        "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
+        "threads = smallest multiple of 32 with threads * 4 * max(1, BLOCK_SIZE/4096) >= n_dim"
+    )
+
+    def __init__(self, block_size: int):
+        if not _is_int(block_size):
+            raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+        block_size = int(block_size)
+        if block_size < 1 or block_size & (block_size - 1) or block_size > self.max_block_size:
+            raise ValueError(
+                f"block_size must be a power of two in [1, {self.max_block_size}], "
+                f"got {block_size}"
+            )
+        self.block_size = block_size
+
+    @classmethod
+    def for_n_dim(cls, n_dim: int) -> "Kernel":
+        """The instance whose BLOCK_SIZE fits rows of n_dim elements."""
+        if not _is_int(n_dim) or n_dim < 1:
+            raise ValueError(f"n_dim must be a positive int, got {n_dim!r}")
+        if n_dim > cls.max_block_size:
+            raise ValueError(f"n_dim must be at most {cls.max_block_size}, got {n_dim}")
+        return cls(next_power_of_two(n_dim))
+
+    @classmethod
+    def block_sizes(cls) -> list[int]:
+        """Every supported BLOCK_SIZE, 1 to max_block_size."""
+        return [1 << i for i in range(cls.max_block_size.bit_length())]
+
+    # -- the documented fields ---------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return "__".join((self.name, self.dtype, str(self.block_size)))
+
+    @property
+    def kernel_source(self) -> str:
+        return load_kernel_source(f"{self.name}.cu")
+
+    @property
+    def entry_point_source(self) -> str:
+        params = ", ".join(a.declaration() for a in self.args)
+        names = ", ".join(a.name for a in self.args)
+        return (
+            f'extern "C" __global__ void __launch_bounds__({self.max_threads}) '
+            f"{self.entry_point_name()}({params}) {{\n"
+            f"    {self.name}<{self.block_size}>({names});\n"
+            f"}}\n"
+        )
+
+    @property
+    def source(self) -> str:
+        return self.kernel_source + "\n\n" + self.entry_point_source
+
+    def entry_point_name(self) -> str:
+        return f"{self.name}_entry_point"
+
+    def cache_key(self) -> str:
+        """Content hash of `source`: the documented `id()` method (Python cannot have both)."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.block_size})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.block_size == self.block_size
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.block_size))
+
+    def compile(self, arch: str = "sm_90", options: tuple[str, ...] = ()):
+        """PTX, CUBIN and ptxas's resource report, without a GPU (see cek.compile)."""
+        from cek.compile import compile_kernel
+
+        return compile_kernel(self, arch, options)
+
+    # -- launching ---------------------------------------------------------------------------
+
+    def bytes_moved(self, n_rows: int, n_dim: int) -> int:
+        raise NotImplementedError
+
+    def threads(self, n_dim: int) -> int:
+        per_thread = 4 * chunks_per_thread(self.block_size)
+        return WARP * math.ceil(math.ceil(n_dim / per_thread) / WARP)
+
+    def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
+        """(grid, block, shared_mem_bytes) for a problem of n_rows x n_dim."""
+        if not _is_int(n_rows) or n_rows < 1:
+            raise ValueError(f"n_rows must be a positive int, got {n_rows!r}")
+        if not _is_int(n_dim) or n_dim < 1:
+            raise ValueError(f"n_dim must be a positive int, got {n_dim!r}")
+        if next_power_of_two(n_dim) != self.block_size:
+            raise ValueError(
+                f"n_dim={n_dim} needs block_size={next_power_of_two(n_dim)}, "
+                f"but this kernel has block_size={self.block_size}"
+            )
+        return (int(n_rows), 1, 1), (self.threads(n_dim), 1, 1), 0
+
+    def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
+        """Check launch arguments against `args` and cast scalars to their C types.
+
+        Arrays must be instances of `array_types` (NumPy for the emulator, CuPy for the GPU),
+        of the argument's dtype, C-contiguous and of the shape its int arguments give.
+        """
+        if len(args) != len(self.args):
+            raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(args)}")
+        cast: dict[str, Any] = {}
+        for spec, value in zip(self.args, args):
+            if spec.is_pointer:
+                continue
+            if spec.ctype == "int":
+                if not _is_int(value):
+                    raise TypeError(f"{spec.name} must be an int, got {type(value).__name__}")
+                if not -(2**31) <= int(value) < 2**31:
+                    raise ValueError(f"{spec.name}={value} does not fit a 32-bit int")
+            elif not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(
+                value, (bool, np.bool_)
+            ):
+                raise TypeError(f"{spec.name} must be a float, got {type(value).__name__}")
+            cast[spec.name] = spec.dtype.type(value)
+        for spec, value in zip(self.args, args):
+            if not spec.is_pointer:
+                continue
+            if not isinstance(value, array_types):
+                want = " or ".join(f"{t.__module__}.{t.__name__}" for t in array_types)
+                raise TypeError(f"{spec.name} must be a {want}, got {type(value).__name__}")
+            if value.dtype != spec.dtype:
+                raise TypeError(f"{spec.name} must be {spec.dtype}, got {value.dtype}")
+            shape = tuple(int(cast[s]) for s in spec.shape)
+            if tuple(value.shape) != shape:
+                dims = ", ".join(spec.shape)
+                raise ValueError(f"{spec.name} must have shape ({dims}) = {shape}, got {value.shape}")
+            if not value.flags.c_contiguous:
+                raise ValueError(f"{spec.name} must be C-contiguous")
+            cast[spec.name] = value
+        return tuple(cast[spec.name] for spec in self.args)
+
+    def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
+        named = {spec.name: value for spec, value in zip(self.args, cast_args)}
+        return int(named["n_rows"]), int(named["n_dim"])
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_classes() -> dict[str, type[Kernel]]:
+    """Every kernel class by its short CLI name ("backward", "forward", ...)."""
+    from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
+    from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+
+    return {"backward": CosineEmbeddingLossBackward, "forward": CosineEmbeddingLossForward}

@@ -1,0 +1,55 @@
+// cosine_embedding_loss_backward: gradient of the per-row cosine embedding loss.
+//
+// Math, per row r of x1, x2 [n_rows, n_dim] (float32, C-contiguous):
+//   sq1 = sum x1^2,  sq2 = sum x2^2,  dot = sum x1*x2
+//   r1 = 1/sqrt(sq1 + EPS),  r2 = 1/sqrt(sq2 + EPS),  EPS = 1e-12,  c = dot*r1*r2
+//   dc/dx1[k] = (x2[k]*r2 - c*x1[k]*r1)*r1,   dc/dx2[k] = (x1[k]*r1 - c*x2[k]*r2)*r2
+//   coeff = -dy[r] if y[r] == 1;  dy[r] if y[r] == -1 and c > margin;  0 otherwise
+//   dx1 = coeff*dc/dx1,  dx2 = coeff*dc/dx2   (every element written, zeros included)
+// Expanded, with p = coeff*r1*r2 and q = coeff*c:  dx1 = p*x2 - q*r1^2*x1,  dx2 = p*x1 - q*r2^2*x2.
+//
+// Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
+// at most 16384. blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * 4 >= n_dim,
+// CHUNKS = max(1, BLOCK_SIZE / 4096) (see cek_row.cuh); at most 1024 threads.
+//
+// Bytes moved: read x1, x2 and write dx1, dx2 once (4 * n_rows * n_dim * 4), plus dy and y
+// (2 * n_rows * 4): 16*N*D + 8*N.
+#include "cek_row.cuh"
+
+template <int BLOCK_SIZE>
+__device__ void cosine_embedding_loss_backward(const float* __restrict__ dy,
+                                               const float* __restrict__ x1,
+                                               const float* __restrict__ x2,
+                                               const float* __restrict__ y,
+                                               float* __restrict__ dx1, float* __restrict__ dx2,
+                                               int n_rows, int n_dim, float margin) {
+    constexpr int CHUNKS = CekRowContract<BLOCK_SIZE>::CHUNKS;
+    const int row = blockIdx.x;
+    if (row >= n_rows) return;  // uniform over the block: no barrier is skipped by part of it
+    // 64-bit offset: n_rows * n_dim may exceed 2^31.
+    const long long offset = static_cast<long long>(row) * n_dim;
+    const bool vec = cek_vectorizable(n_dim, x1, x2, dx1, dx2);
+
+    CekRowPair<CHUNKS> rp;
+    cek_load_row_pair(rp, x1 + offset, x2 + offset, n_dim, vec);
+
+    const float r1 = rsqrtf(rp.sq1 + CEK_EPS);
+    const float r2 = rsqrtf(rp.sq2 + CEK_EPS);
+    const float c = rp.dot * r1 * r2;
+    const float coeff = cek_row_coeff(c, y[row], margin, dy[row]);
+    const float p = coeff * r1 * r2;
+    const float q1 = coeff * c * r1 * r1;
+    const float q2 = coeff * c * r2 * r2;
+
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+        const int chunk = threadIdx.x + i * blockDim.x;
+        const float4 a = rp.a[i], b = rp.b[i];
+        cek_store_chunk(dx1 + offset, chunk, n_dim, vec,
+                        make_float4(p * b.x - q1 * a.x, p * b.y - q1 * a.y, p * b.z - q1 * a.z,
+                                    p * b.w - q1 * a.w));
+        cek_store_chunk(dx2 + offset, chunk, n_dim, vec,
+                        make_float4(p * a.x - q2 * b.x, p * a.y - q2 * b.y, p * a.z - q2 * b.z,
+                                    p * a.w - q2 * b.w));
+    }
+}
