@@ -2,6 +2,7 @@
 
 from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.kernel import Arg, Kernel
 
 __version__ = "0.1.0"
@@ -10,6 +11,7 @@ __all__ = [
     "Arg",
     "CosineEmbeddingLossBackward",
     "CosineEmbeddingLossForward",
+    "CosineEmbeddingLossFused",
     "Kernel",
     "__version__",
 ]

@@ -30,12 +30,14 @@ class Arg:
     """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
 
     `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
+    An `optional` pointer may be None, which the kernel sees as nullptr.
     """
 
     name: str
     ctype: str
     shape: tuple[str, ...] = ()
     output: bool = False
+    optional: bool = False
 
     @property
     def is_pointer(self) -> bool:
@@ -194,6 +196,9 @@ class Kernel:
         for spec, value in zip(self.args, args):
             if not spec.is_pointer:
                 continue
+            if value is None and spec.optional:
+                cast[spec.name] = None
+                continue
             if not isinstance(value, array_types):
                 want = " or ".join(f"{t.__module__}.{t.__name__}" for t in array_types)
                 raise TypeError(f"{spec.name} must be a {want}, got {type(value).__name__}")
@@ -218,5 +223,10 @@ def kernel_classes() -> dict[str, type[Kernel]]:
     """Every kernel class by its short CLI name ("backward", "forward", ...)."""
     from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
     from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+    from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 
-    return {"backward": CosineEmbeddingLossBackward, "forward": CosineEmbeddingLossForward}
+    return {
+        "backward": CosineEmbeddingLossBackward,
+        "forward": CosineEmbeddingLossForward,
+        "fused": CosineEmbeddingLossFused,
+    }

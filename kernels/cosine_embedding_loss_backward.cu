@@ -6,7 +6,7 @@
 //   dc/dx1[k] = (x2[k]*r2 - c*x1[k]*r1)*r1,   dc/dx2[k] = (x1[k]*r1 - c*x2[k]*r2)*r2
 //   coeff = -dy[r] if y[r] == 1;  dy[r] if y[r] == -1 and c > margin;  0 otherwise
 //   dx1 = coeff*dc/dx1,  dx2 = coeff*dc/dx2   (every element written, zeros included)
-// Expanded, with p = coeff*r1*r2 and q = coeff*c:  dx1 = p*x2 - q*r1^2*x1,  dx2 = p*x1 - q*r2^2*x2.
+// (cek_store_row_gradients expands these to save multiplies.)
 //
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
 // at most 16384. blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * 4 >= n_dim,
@@ -37,19 +37,5 @@ __device__ void cosine_embedding_loss_backward(const float* __restrict__ dy,
     const float r2 = rsqrtf(rp.sq2 + CEK_EPS);
     const float c = rp.dot * r1 * r2;
     const float coeff = cek_row_coeff(c, y[row], margin, dy[row]);
-    const float p = coeff * r1 * r2;
-    const float q1 = coeff * c * r1 * r1;
-    const float q2 = coeff * c * r2 * r2;
-
-#pragma unroll
-    for (int i = 0; i < CHUNKS; ++i) {
-        const int chunk = threadIdx.x + i * blockDim.x;
-        const float4 a = rp.a[i], b = rp.b[i];
-        cek_store_chunk(dx1 + offset, chunk, n_dim, vec,
-                        make_float4(p * b.x - q1 * a.x, p * b.y - q1 * a.y, p * b.z - q1 * a.z,
-                                    p * b.w - q1 * a.w));
-        cek_store_chunk(dx2 + offset, chunk, n_dim, vec,
-                        make_float4(p * a.x - q2 * b.x, p * a.y - q2 * b.y, p * a.z - q2 * b.z,
-                                    p * a.w - q2 * b.w));
-    }
+    cek_store_row_gradients(rp, dx1 + offset, dx2 + offset, n_dim, vec, c, r1, r2, coeff);
 }

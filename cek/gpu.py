@@ -1,0 +1,104 @@
+"""Load and launch Kernels on a CUDA GPU with CuPy.
+
+`cupy.RawModule(code=kernel.source)` compiles with NVRTC for the current device; CuPy keeps the
+disk cache (CUPY_CACHE_DIR, keyed on source and options; CuPy >= 13, older releases hashed a PTX
+that CUDA 12 salts, so the cache never hit). This module memoizes the loaded function in process
+per (cache_key, options, device), so a launch costs a dictionary lookup.
+
+CuPy is imported on first use: `import cek` works without it, and without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+from cek.compile import COMMON_OPTIONS, CompileError
+from cek.kernel import Kernel
+
+NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
+
+
+class NoDeviceError(RuntimeError):
+    """CuPy is missing or sees no CUDA device."""
+
+
+_lock = threading.Lock()
+_functions: dict[tuple, Any] = {}
+
+
+def cupy_or_none():
+    """The cupy module, or None when it is not installed (or cannot load its CUDA libraries)."""
+    try:
+        import cupy
+    except Exception:  # ImportError, or a CUDA library that fails to load
+        return None
+    return cupy
+
+
+def device_count() -> int:
+    cupy = cupy_or_none()
+    if cupy is None:
+        return 0
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, or a driver too old for this CuPy: no usable device
+        return 0
+
+
+def require_cupy():
+    """cupy, when a CUDA device is usable; NoDeviceError otherwise."""
+    cupy = cupy_or_none()
+    if cupy is None:
+        raise NoDeviceError(
+            "running on a GPU needs CuPy: pip install 'cek[cuda12]' or 'cek[cuda13]' "
+            f"(matching your CUDA driver); {NO_DEVICE_HINT}"
+        )
+    if device_count() == 0:
+        raise NoDeviceError(f"no CUDA device found; {NO_DEVICE_HINT}")
+    return cupy
+
+
+def get_function(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS):
+    """The compiled `cupy.RawKernel` of `kernel` on the current device, memoized."""
+    cupy = require_cupy()
+    key = (kernel.cache_key(), tuple(options), cupy.cuda.Device().id)
+    with _lock:
+        function = _functions.get(key)
+        if function is None:
+            try:
+                module = cupy.RawModule(code=kernel.source, options=tuple(options))
+                function = module.get_function(kernel.entry_point_name())
+            except cupy.cuda.compiler.CompileException as exc:
+                raise CompileError(kernel.id, str(exc)) from exc
+            _functions[key] = function
+    return function
+
+
+def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
+    """A callable `f(grid, block, args, *, shared_mem=0, stream=None)`, as a CuPy RawKernel.
+
+    Unlike a bare RawKernel it checks `args` against `kernel.args` (CuPy arrays of the right
+    dtype, shape and contiguity, all on the current device) and casts scalars to their C types.
+    """
+    cupy = require_cupy()
+    function = get_function(kernel, options)
+
+    def launch(grid, block, args, *, shared_mem: int = 0, stream=None):
+        cast = kernel.check_args(args, (cupy.ndarray,))
+        device = cupy.cuda.Device().id
+        for spec, value in zip(kernel.args, cast):
+            if spec.is_pointer and value.device.id != device:
+                raise TypeError(f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
+        function(tuple(grid), tuple(block), cast, shared_mem=shared_mem, stream=stream)
+
+    return launch
+
+
+def launch(kernel: Kernel, *args, stream=None) -> None:
+    """Check `args`, take the kernel's own launch configuration, and launch on `stream`
+    (default: CuPy's current stream)."""
+    cupy = require_cupy()
+    cast = kernel.check_args(args, (cupy.ndarray,))
+    grid, block, shared_mem = kernel.launch_config(*kernel.problem_size(cast))
+    load(kernel)(grid, block, cast, shared_mem=shared_mem, stream=stream)
