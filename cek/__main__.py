@@ -1,0 +1,3 @@
+from cek.cli import main
+
+main(prog_name="cek")

@@ -1,0 +1,226 @@
+"""The `cek` command line: list, dump-source, compile, check.
+
+Data goes to stdout, progress and diagnostics to stderr. Exit codes: 0 ok; 1 the work failed
+(a compile error, a wrong result, no device for a GPU-only command); 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+import cek
+from cek.kernel import Kernel, kernel_classes
+
+KERNEL_NAMES = list(kernel_classes())
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _pick_kernel(name: str, n_dim: int | None, block_size: int | None) -> Kernel:
+    if n_dim is not None and block_size is not None:
+        raise click.UsageError("give --n-dim or --block-size, not both")
+    cls = kernel_classes()[name]
+    try:
+        if block_size is not None:
+            return cls(block_size)
+        return cls.for_n_dim(768 if n_dim is None else n_dim)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+kernel_option = click.option(
+    "--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), default="backward",
+    show_default=True, help="Which kernel.",
+)
+n_dim_option = click.option("--n-dim", type=int, help="Row width; BLOCK_SIZE = next power of two.")
+block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(cek.__version__, prog_name="cek")
+def main() -> None:
+    """Cosine embedding loss kernels for NVIDIA GPUs: see, compile, check, benchmark.
+
+    \b
+    Exit codes: 0 ok, 1 the work failed (compile error, wrong result,
+    no device for a GPU-only command), 2 usage error.
+    """
+
+
+@main.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per kernel.")
+def list_kernels(as_json: bool) -> None:
+    """List every kernel: name, id pattern, arguments, launch contract.
+
+    \b
+    Example:
+      cek list
+    """
+    rows = []
+    for short, cls in kernel_classes().items():
+        rows.append({
+            "kernel": short,
+            "name": cls.name,
+            "id": f"{cls.name}__{cls.dtype}__<BLOCK_SIZE>",
+            "block_sizes": f"1..{cls.max_block_size} (powers of two)",
+            "args": ", ".join(a.declaration() for a in cls.args),
+            "launch": cls.launch_contract,
+        })
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['kernel']}: {row['name']}")
+        for key in ("id", "block_sizes", "args", "launch"):
+            click.echo(f"  {key:<12}{row[key]}")
+
+
+@main.command("dump-source")
+@kernel_option
+@n_dim_option
+@block_size_option
+@click.option("--part", type=click.Choice(["kernel", "entry", "all"]), default="all",
+              show_default=True, help="The template, the generated entry point, or both.")
+@click.option("--line-numbers", is_flag=True, help="Number the lines.")
+def dump_source(kernel_name, n_dim, block_size, part, line_numbers) -> None:
+    """Print exactly the source that is compiled (default: backward, --n-dim 768).
+
+    \b
+    Example:
+      cek dump-source --kernel fused --n-dim 4096 --part entry
+    """
+    kernel = _pick_kernel(kernel_name, n_dim, block_size)
+    text = {"kernel": kernel.kernel_source, "entry": kernel.entry_point_source,
+            "all": kernel.source}[part]
+    if line_numbers:
+        lines = text.split("\n")
+        width = len(str(len(lines)))
+        text = "\n".join(f"{i:>{width}}  {line}" for i, line in enumerate(lines, 1))
+    click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("compile")
+@click.option("--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), help="One kernel.")
+@click.option("--all", "all_kernels", is_flag=True, help="Every kernel.")
+@n_dim_option
+@block_size_option
+@click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
+@click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write <id>.ptx and <id>.cubin here.")
+@click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
+def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, arch, out_dir,
+                    as_json) -> None:
+    """Compile kernels with NVRTC; needs no GPU. Reports registers, spills, shared memory.
+
+    \b
+    Examples:
+      cek compile --kernel backward --n-dim 768
+      cek compile --all --all-sizes --arch sm_90 --json
+    """
+    from cek.compile import CompileError
+
+    if all_kernels and kernel_name:
+        raise click.UsageError("give --kernel or --all, not both")
+    if all_sizes and (n_dim is not None or block_size is not None):
+        raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
+    names = KERNEL_NAMES if all_kernels else [kernel_name or "backward"]
+    kernels = []
+    for name in names:
+        if all_sizes:
+            kernels += [kernel_classes()[name](b) for b in kernel_classes()[name].block_sizes()]
+        else:
+            kernels.append(_pick_kernel(name, n_dim, block_size))
+    rows = []
+    for kernel in kernels:
+        click.echo(f"compiling {kernel.id} for {arch}", err=True)
+        try:
+            result = kernel.compile(arch)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except CompileError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"{kernel.id}.ptx").write_text(result.ptx)
+            (out_dir / f"{kernel.id}.cubin").write_bytes(result.cubin)
+        rows.append(result.summary())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            row["seconds"] = f"{row['seconds']:.3f}"
+        click.echo(_table(rows, ["kernel_id", "arch", "registers", "spill_stores", "spill_loads",
+                                 "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
+
+
+@main.command("check")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
+              show_default=True, help="auto: the GPU when there is one, else the CPU emulator.")
+@click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
+              help="Kernels to check (repeatable; default all).")
+@click.option("--n-dim", "n_dims", type=int, multiple=True,
+              help="Row widths (repeatable; default 1 33 768 769 4096).")
+@click.option("--n-rows", type=int, default=7, show_default=True)
+@click.option("--sanitize", type=click.Choice(["thread", "address"]),
+              help="Emulator only: run under ThreadSanitizer or AddressSanitizer.")
+@click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
+def check_command(device, kernel_names, n_dims, n_rows, sanitize, as_json) -> None:
+    """Run kernels against the float64 reference; exit 1 on any mismatch.
+
+    \b
+    Examples:
+      cek check                       # GPU if present, else the CPU emulator
+      cek check --device cpu --kernel fused --n-dim 768 --sanitize thread
+    """
+    from cek import check, gpu
+
+    if device == "auto":
+        device = "gpu" if gpu.device_count() > 0 else "cpu"
+    if sanitize and device == "gpu":
+        raise click.UsageError("--sanitize runs on the CPU emulator: add --device cpu")
+    if n_rows < 1:
+        raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
+    if device == "gpu":
+        try:
+            launch = check.gpu_launcher()
+        except gpu.NoDeviceError as exc:
+            raise click.ClickException(str(exc)) from exc
+    else:
+        launch = check.emulator_launcher(sanitize=sanitize)
+    label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
+    rows = []
+    for name in kernel_names or KERNEL_NAMES:
+        for d in n_dims or (1, 33, 768, 769, 4096):
+            kernel = _pick_kernel(name, d, None)
+            for margin in (-0.5, 0.0, 0.5):
+                click.echo(f"checking {kernel.id} on {label}: {n_rows}x{d}, margin {margin}",
+                           err=True)
+                result = check.run_case(kernel, launch, label, check.make_inputs(n_rows, d), margin)
+                rows.append(vars(result))
+    failed = [r for r in rows if not r["passed"]]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            r["shape"] = f"{r['n_rows']}x{r['n_dim']}"
+            r["result"] = "PASS" if r["passed"] else "FAIL"
+            r["max_abs_err"] = f"{r['max_abs_err']:.2e}"
+            r["max_rel_err"] = f"{r['max_rel_err']:.2e}"
+        click.echo(_table(rows, ["kernel_id", "device", "shape", "margin", "max_abs_err",
+                                 "max_rel_err", "result"]))
+    for r in failed:
+        click.echo(f"FAIL {r['kernel_id']} {r['n_rows']}x{r['n_dim']} margin {r['margin']}: "
+                   f"{r['detail']}", err=True)
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,58 @@
+"""compile tier: every kernel at every BLOCK_SIZE compiles with NVRTC, no GPU, and no spills."""
+
+import pytest
+
+import cek
+from cek.compile import CompileError, compile_kernel
+from cek.kernel import Kernel, kernel_classes
+
+pytestmark = pytest.mark.compile
+
+CASES = [(cls, b) for cls in kernel_classes().values() for b in cls.block_sizes()]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("cls, block_size", CASES, ids=lambda v: getattr(v, "name", v))
+def test_compiles_without_spills_or_local_memory(cls, block_size, arch):
+    result = cls(block_size).compile(arch)
+    assert result.cubin[:4] == b"\x7fELF"
+    assert f".entry {cls(block_size).entry_point_name()}" in result.ptx
+    assert (result.spill_stores, result.spill_loads, result.local_bytes) == (0, 0, 0), result.log
+    assert result.stack_bytes == 0, result.log
+    assert 0 < result.registers <= 64, result.log  # 1024 threads x 64 registers = one SM's file
+
+
+@pytest.mark.parametrize("cls", list(kernel_classes().values()))
+def test_vector_path_uses_128_bit_loads_and_stores(cls):
+    ptx = cls(1024).compile("sm_90").ptx
+    assert "ld.global.nc.v4.f32" in ptx
+    if cls.name != "cosine_embedding_loss_forward":
+        assert "st.global.v4.f32" in ptx
+
+
+def test_resource_report_is_parsed_from_ptxas():
+    result = cek.CosineEmbeddingLossBackward(1024).compile("sm_90")
+    assert "Used" in result.log and "registers" in result.log
+    assert result.shared_bytes > 0  # the reduction's partial sums
+    assert set(result.summary()) >= {"kernel_id", "registers", "spill_stores", "seconds"}
+
+
+class _Broken(Kernel):
+    name = "cosine_embedding_loss_forward"
+    args = cek.CosineEmbeddingLossForward.args
+
+    @property
+    def kernel_source(self):
+        return super().kernel_source.replace("rsqrtf(rp.sq1", "undeclared_name(rp.sq1", 1)
+
+
+def test_compile_error_carries_the_log_with_file_and_line():
+    with pytest.raises(CompileError) as info:
+        compile_kernel(_Broken(64), "sm_90")
+    assert "undeclared_name" in info.value.log
+    assert "cosine_embedding_loss_forward.cu(" in info.value.log
+
+
+def test_arch_is_validated():
+    with pytest.raises(ValueError, match="arch must look like sm_90, got 'compute_90'"):
+        cek.CosineEmbeddingLossBackward(8).compile("compute_90")

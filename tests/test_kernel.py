@@ -1,0 +1,149 @@
+"""cpu tier: the Kernel fields, ids, sources, entry points, launch configs and argument checks."""
+
+import hashlib
+import re
+
+import numpy as np
+import pytest
+
+import cek
+from cek.kernel import Arg, chunks_per_thread, kernel_classes, next_power_of_two
+
+ALL = list(kernel_classes().values())
+
+
+def test_documented_fields_of_backward():
+    k = cek.CosineEmbeddingLossBackward(1024)
+    assert k.name == "cosine_embedding_loss_backward"
+    assert k.id == "cosine_embedding_loss_backward__f32__1024"
+    assert k.block_size == 1024
+    assert k.entry_point_name() == "cosine_embedding_loss_backward_entry_point"
+    assert k.source == k.kernel_source + "\n\n" + k.entry_point_source
+    assert k.cache_key() == hashlib.sha256(k.source.encode()).hexdigest()
+    assert [a.ctype for a in k.args] == ["float*"] * 6 + ["int", "int", "float"]
+    assert [a.name for a in k.args] == ["dy", "x1", "x2", "y", "dx1", "dx2", "n_rows", "n_dim", "margin"]
+
+
+def test_forward_and_fused_names_and_ids():
+    assert cek.CosineEmbeddingLossForward(32).id == "cosine_embedding_loss_forward__f32__32"
+    assert cek.CosineEmbeddingLossFused(4096).id == "cosine_embedding_loss_fused__f32__4096"
+    assert [a.name for a in cek.CosineEmbeddingLossForward.args] == [
+        "x1", "x2", "y", "out", "n_rows", "n_dim", "margin"]
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
+    k = cls(256)
+    params = ", ".join(f"{a.ctype} {a.name}" for a in cls.args)
+    assert f'extern "C" __global__ void __launch_bounds__(1024) {k.entry_point_name()}({params})' \
+        in k.entry_point_source
+    call = f"{cls.name}<256>({', '.join(a.name for a in cls.args)});"
+    assert call in k.entry_point_source
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_kernel_source_is_the_template_with_headers_inlined(cls):
+    src = cls(64).kernel_source
+    assert f"template <int BLOCK_SIZE>\n__device__ void {cls.name}(" in src
+    assert '#include "' not in src  # inlined, so the hash covers the header
+    assert re.search(r'#line 1 ".*kernels/cek_row.cuh"', src)
+    assert re.search(rf'#line \d+ ".*kernels/{cls.name}.cu"', src)
+    assert "entry_point" not in src
+    # BLOCK_SIZE is only a template argument: the same template text at every size.
+    assert cls(64).kernel_source == cls(16384).kernel_source
+
+
+def test_cache_key_changes_with_block_size_and_kernel():
+    keys = {cls(b).cache_key() for cls in ALL for b in (1, 2, 1024)}
+    assert len(keys) == 3 * len(ALL)
+
+
+@pytest.mark.parametrize("bad", [0, -4, 3, 768, 32768, 1 << 20])
+def test_block_size_outside_the_range_names_it(bad):
+    with pytest.raises(ValueError, match=rf"power of two in \[1, 16384\], got {bad}"):
+        cek.CosineEmbeddingLossBackward(bad)
+
+
+@pytest.mark.parametrize("bad", [2.0, "1024", True, None])
+def test_block_size_must_be_an_int(bad):
+    with pytest.raises(TypeError):
+        cek.CosineEmbeddingLossBackward(bad)
+
+
+def test_block_sizes_cover_1_to_16384():
+    assert cek.CosineEmbeddingLossBackward.block_sizes() == [2**i for i in range(15)]
+
+
+@pytest.mark.parametrize("n, want", [(1, 1), (2, 2), (3, 4), (31, 32), (32, 32), (33, 64),
+                                     (768, 1024), (769, 1024), (1024, 1024), (4097, 8192)])
+def test_next_power_of_two(n, want):
+    assert next_power_of_two(n) == want
+    assert cek.CosineEmbeddingLossBackward.for_n_dim(n).block_size == want
+
+
+@pytest.mark.parametrize("n_dim, threads", [(1, 32), (33, 32), (128, 32), (129, 64), (768, 192),
+                                            (769, 224), (1000, 256), (4096, 1024),
+                                            (4097, 544), (16384, 1024)])
+def test_threads_cover_the_row_with_whole_warps(n_dim, threads):
+    k = cek.CosineEmbeddingLossBackward.for_n_dim(n_dim)
+    grid, block, smem = k.launch_config(5, n_dim)
+    assert grid == (5, 1, 1) and block == (threads, 1, 1) and smem == 0
+    per_thread = 4 * chunks_per_thread(k.block_size)
+    assert threads % 32 == 0 and threads <= 1024
+    assert threads * per_thread >= n_dim > (threads - 32) * per_thread
+
+
+def test_launch_with_the_wrong_block_size_names_both_numbers():
+    k = cek.CosineEmbeddingLossBackward(1024)
+    with pytest.raises(ValueError, match=r"n_dim=1025 needs block_size=2048.*block_size=1024"):
+        k.launch_config(4, 1025)
+    with pytest.raises(ValueError, match="n_rows must be a positive int, got 0"):
+        k.launch_config(0, 1000)
+
+
+def _backward_args(n=3, d=5):
+    f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    return [f(n), f(n, d), f(n, d), f(n), f(n, d), f(n, d), n, d, 0.5]
+
+
+def test_check_args_casts_scalars_to_their_c_types():
+    cast = cek.CosineEmbeddingLossBackward(8).check_args(_backward_args(), (np.ndarray,))
+    assert type(cast[6]) is np.int32 and type(cast[7]) is np.int32
+    assert type(cast[8]) is np.float32
+
+
+@pytest.mark.parametrize("index, value, error, message", [
+    (1, np.zeros((3, 5), np.float64), TypeError, "x1 must be float32, got float64"),
+    (2, np.zeros((3, 4), np.float32), ValueError, r"x2 must have shape \(n_rows, n_dim\) = \(3, 5\)"),
+    (4, np.zeros((5, 3), np.float32).T, ValueError, "dx1 must be C-contiguous"),
+    (0, [0.0, 0.0, 0.0], TypeError, "dy must be a numpy.ndarray, got list"),
+    (6, 3.0, TypeError, "n_rows must be an int, got float"),
+    (7, 2**31, ValueError, "does not fit a 32-bit int"),
+    (8, "0.5", TypeError, "margin must be a float, got str"),
+])
+def test_check_args_refuses_bad_arguments(index, value, error, message):
+    args = _backward_args()
+    args[index] = value
+    with pytest.raises(error, match=message):
+        cek.CosineEmbeddingLossBackward(8).check_args(args, (np.ndarray,))
+
+
+def test_check_args_counts_arguments():
+    with pytest.raises(TypeError, match="takes 9 arguments, got 8"):
+        cek.CosineEmbeddingLossBackward(8).check_args(_backward_args()[:-1], (np.ndarray,))
+
+
+def test_only_optional_pointers_take_none():
+    fused = cek.CosineEmbeddingLossFused(8)
+    n, d = 3, 5
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
+    assert fused.check_args(args, (np.ndarray,))[3] is None
+    args[2] = None
+    with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
+        fused.check_args(args, (np.ndarray,))
+
+
+def test_arg_declaration():
+    assert Arg("x1", "float*").declaration() == "float* x1"
+    assert Arg("n", "int").dtype == np.int32
