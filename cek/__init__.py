@@ -3,6 +3,7 @@
 from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek import gpu, reference
 from cek.kernel import Arg, Kernel
 
 __version__ = "0.1.0"
@@ -14,4 +15,6 @@ __all__ = [
     "CosineEmbeddingLossFused",
     "Kernel",
     "__version__",
+    "gpu",
+    "reference",
 ]

@@ -1,0 +1,249 @@
+"""The cosine embedding loss as functions on arrays: NumPy arrays in, NumPy out; CuPy in, CuPy out.
+
+Semantics are torch.nn.functional.cosine_embedding_loss's, per row (see cek.reference):
+(N, D) inputs with an (N,) target, or (D,) inputs with a 0-d target; labels other than +-1 give
+loss 0 and gradient 0 (or a ValueError with validate_target=True); NaN and Inf propagate to
+their row; N = 0 launches nothing, and the mean of no rows is NaN.
+
+CuPy arrays run the float32 GPU kernels on the inputs' device and CuPy's current stream there.
+The half- and double-precision GPU kernels are not built yet: float16 and float64 CuPy inputs are
+copied to float32, run, and the results cast back, so float16 does not yet read half the bytes
+and float64 is computed in float32. Rows longer than 16384 elements have no GPU kernel yet.
+mean and sum add the kernel's per-row losses with CuPy's fixed-order reduction, no atomics, so
+the result is the same bits on every run.
+
+NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in float64, and
+results come back in the input dtype.
+
+Non-contiguous inputs (transposed or sliced views) are copied to a C-contiguous array first, on
+either path; so are float16 and float64 CuPy inputs (to float32). Every check runs before any
+work, so on an error a caller's `out` buffers are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+
+import numpy as np
+
+from cek import cpu, gpu, validate
+from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
+from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+
+__all__ = [
+    "cosine_embedding_loss",
+    "cosine_embedding_loss_backward",
+    "cosine_embedding_loss_fused",
+]
+
+
+def cosine_embedding_loss(x1, x2, target, margin=0.0, reduction="mean", *,
+                          validate_target=False, out=None):
+    """The loss: a 0-d array for reduction "mean" and "sum", one value per row for "none".
+
+    x1, x2: (N, D) or (D,) float16/32/64 arrays, both NumPy or both CuPy on one device.
+    target: (N,) or 0-d labels (any float or int dtype), the same kind of array.
+    out: an array of the result's shape and the inputs' dtype to write into; it is returned.
+    """
+    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    (out,) = validate.check_out(out, problem, (problem.loss_shape,), ("out",)) or (None,)
+    loss, _, _ = _run(problem, x1, x2, target, None, want_loss=True, want_grads=False,
+                      out=(out, None, None))
+    return loss
+
+
+def cosine_embedding_loss_backward(grad, x1, x2, target, margin=0.0, reduction="mean", *,
+                                   validate_target=False, out=None):
+    """(dx1, dx2), the gradients of the loss for the upstream gradient `grad`.
+
+    grad: a number or 0-d array for reduction "mean" and "sum"; for "none", an array shaped like
+    the per-row loss. out: a pair of arrays shaped and typed like x1 to write into.
+    """
+    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    validate.check_grad(grad, problem)
+    out = validate.check_out(out, problem, (problem.input_shape,) * 2, ("dx1", "dx2"))
+    _, dx1, dx2 = _run(problem, x1, x2, target, grad, want_loss=False, want_grads=True,
+                       out=(None, *(out or (None, None))))
+    return dx1, dx2
+
+
+def cosine_embedding_loss_fused(x1, x2, target, margin=0.0, reduction="mean", grad=None, *,
+                                validate_target=False, out=None):
+    """(loss, dx1, dx2) from one pass over x1 and x2 (one kernel launch on a GPU).
+
+    grad: the upstream gradient, as in cosine_embedding_loss_backward; None means 1 for "mean"
+    and "sum" and ones for "none". out: a triple (loss, dx1, dx2) of arrays to write into.
+    """
+    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    if grad is not None:  # None: _upstream gives every row the reduction's own scale
+        validate.check_grad(grad, problem)
+    shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
+    out = validate.check_out(out, problem, shapes, ("loss", "dx1", "dx2"))
+    return _run(problem, x1, x2, target, grad, want_loss=True, want_grads=True,
+                out=out or (None, None, None))
+
+
+# -- shared steps ------------------------------------------------------------------------------
+
+
+def _check(x1, x2, target, margin, reduction, validate_target) -> validate.Problem:
+    problem = validate.check_inputs(x1, x2, target, margin, reduction)
+    if problem.kind == "cupy":
+        gpu.require_cupy()
+        validate.check_gpu_n_dim(problem.n_dim, CosineEmbeddingLossFused.max_block_size)
+    if validate_target:
+        validate.check_labels(target, problem.batched)
+    return problem
+
+
+def _xp(problem: validate.Problem):
+    return np if problem.kind == "numpy" else gpu.require_cupy()
+
+
+def _upstream(problem: validate.Problem, grad):
+    """(dy, scale): row r's upstream gradient is scale * dy[r], or scale when dy is None.
+    dy is an [N] array for "none", a 0-d array for an array grad of "mean" or "sum"."""
+    scale = 1.0 / problem.n_rows if problem.reduction == "mean" else 1.0
+    if grad is None or isinstance(grad, numbers.Real):  # None means 1 (ones for "none")
+        return None, scale * (1.0 if grad is None else float(grad))
+    return (grad.reshape(problem.n_rows) if problem.reduction == "none" else grad), scale
+
+
+def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
+    """Compute, reduce, cast and deliver (loss, dx1, dx2); an entry not wanted is None."""
+    xp = _xp(problem)
+    n, d = problem.n_rows, problem.n_dim
+    on_device = xp.cuda.Device(problem.device) if xp is not np else contextlib.nullcontext()
+    with on_device:
+        if n == 0:
+            acc = np.float32 if xp is not np else cpu.accumulation_dtype(problem.dtype)
+            rows = xp.zeros(0, dtype=acc)
+            dx1 = dx2 = xp.zeros((0, d), dtype=acc) if want_grads else None
+        elif xp is np:
+            rows, dx1, dx2 = _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads)
+        else:
+            rows, dx1, dx2 = _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out)
+        loss = _reduce(xp, rows, problem.reduction) if want_loss else None
+        shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
+        return tuple(None if value is None else _deliver(value, shape, problem.dtype, buffer)
+                     for value, shape, buffer in zip((loss, dx1, dx2), shapes, out))
+
+
+def _reduce(xp, rows, reduction):
+    if reduction == "none":
+        return rows
+    if rows.size == 0:  # torch: the mean of no rows is NaN, their sum 0
+        return xp.full((), np.nan if reduction == "mean" else 0.0, dtype=rows.dtype)
+    # Fixed-order reductions in NumPy (pairwise) and CuPy (tree): deterministic, no atomics.
+    return rows.mean() if reduction == "mean" else rows.sum()
+
+
+def _deliver(value, shape, dtype, buffer):
+    value = value.reshape(shape)
+    if buffer is None:
+        with np.errstate(over="ignore"):  # a float32 result too large for float16 becomes inf
+            result = value.astype(dtype, copy=False)
+        # NumPy reductions give scalars; the API promises 0-d arrays.
+        return np.asarray(result) if isinstance(result, np.generic) else result
+    if not _same_memory(value, buffer):  # the kernel may have written it in place already
+        with np.errstate(over="ignore"):
+            buffer[...] = value
+    return buffer
+
+
+def _same_memory(value, buffer) -> bool:
+    pointer = getattr(getattr(value, "data", None), "ptr", None)  # CuPy arrays only
+    return pointer is not None and pointer == buffer.data.ptr and value.size == buffer.size
+
+
+# -- NumPy -------------------------------------------------------------------------------------
+
+
+def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads):
+    acc = cpu.accumulation_dtype(problem.dtype)
+    n, d = problem.n_rows, problem.n_dim
+    a1 = np.ascontiguousarray(x1, dtype=acc).reshape(n, d)
+    a2 = np.ascontiguousarray(x2, dtype=acc).reshape(n, d)
+    y = np.asarray(target).reshape(n)
+    if not want_grads:
+        return cpu.forward(a1, a2, y, problem.margin), None, None
+    dy, scale = _upstream(problem, grad)
+    g = acc.type(scale) if dy is None else np.asarray(dy, dtype=acc) * acc.type(scale)
+    if not want_loss:
+        return (None, *cpu.backward(g, a1, a2, y, problem.margin))
+    return cpu.fused(g, a1, a2, y, problem.margin)
+
+
+# -- CuPy --------------------------------------------------------------------------------------
+
+
+def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
+    """Per-row float32 results on the current device; `out` buffers that can take the kernel's
+    output directly (float32, C-contiguous, not overlapping an input) are written in place."""
+    cupy = gpu.require_cupy()
+    n, d = problem.n_rows, problem.n_dim
+    a1 = cupy.ascontiguousarray(x1, dtype=cupy.float32).reshape(n, d)
+    a2 = cupy.ascontiguousarray(x2, dtype=cupy.float32).reshape(n, d)
+    y = labels_float32(cupy, target).reshape(n)
+    inputs = (a1, a2, y)
+    loss_out, dx1_out, dx2_out = out
+    dest = (
+        _direct(cupy, loss_out, (n,), inputs) if problem.reduction == "none" else None,
+        _direct(cupy, dx1_out, (n, d), inputs),
+        _direct(cupy, dx2_out, (n, d), inputs),
+    )
+    dy, scale = _upstream(problem, grad)
+    return gpu_rows(a1, a2, y, dy, scale, problem.margin, want_loss=want_loss,
+                    want_grads=want_grads, dest=dest)
+
+
+def labels_float32(cupy, target):
+    """The kernels' float32 labels. float64 labels are mapped to exactly +-1 or 0 first, since
+    rounding could turn a label such as 1 + 1e-12 (loss 0 on the CPU path) into 1.0."""
+    if target.dtype == np.float64:
+        target = cupy.where(target == 1, 1.0, cupy.where(target == -1, -1.0, 0.0))
+    return cupy.ascontiguousarray(target, dtype=cupy.float32)
+
+
+def _direct(cupy, buffer, shape, inputs):
+    """`buffer` as a float32 [shape] view the kernel may write, or None to write via a copy."""
+    if buffer is None or buffer.dtype != np.float32 or not buffer.flags.c_contiguous:
+        return None
+    if any(cupy.may_share_memory(buffer, a) for a in inputs):  # the kernels use __restrict__
+        return None
+    return buffer.reshape(shape)
+
+
+def gpu_rows(x1, x2, y, dy, scale, margin, *, want_loss, want_grads, dest=(None, None, None)):
+    """Launch the one kernel that gives what is wanted, on the current device and stream.
+
+    x1, x2: float32 C-contiguous [N, D]; y: float32 [N] labels. Row r's upstream gradient is
+    scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real dtype). dest: float32
+    buffers ([N], [N, D], [N, D]) to write into, None entries allocated here.
+    Returns (loss [N] or None, dx1 or None, dx2 or None), float32. Shared by cek.torch.
+    """
+    cupy = gpu.require_cupy()
+    n, d = x1.shape
+    loss, dx1, dx2 = dest
+    if want_loss and loss is None:
+        loss = cupy.empty(n, dtype=cupy.float32)
+    if want_grads:
+        dx1 = cupy.empty((n, d), dtype=cupy.float32) if dx1 is None else dx1
+        dx2 = cupy.empty((n, d), dtype=cupy.float32) if dx2 is None else dx2
+    if not want_grads:
+        gpu.launch(CosineEmbeddingLossForward.for_n_dim(d), x1, x2, y, loss, n, d, margin)
+        return loss, None, None
+    if dy is not None:
+        per_row = cupy.empty(n, dtype=cupy.float32)
+        per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
+        dy = per_row
+    if want_loss:
+        kernel = CosineEmbeddingLossFused.for_n_dim(d)
+        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
+        return loss, dx1, dx2
+    # The backward kernel has no scale argument: fold it into dy.
+    dy = cupy.full(n, scale, dtype=cupy.float32) if dy is None else dy * cupy.float32(scale)
+    gpu.launch(CosineEmbeddingLossBackward.for_n_dim(d), dy, x1, x2, y, dx1, dx2, n, d, margin)
+    return None, dx1, dx2

@@ -1,0 +1,202 @@
+"""The kernels against the float64 reference: on the CPU emulator (CI) and on a GPU (gpu tier).
+
+Every output is prefilled with NaN (cek.check.build_args), so an element a kernel forgot to write
+fails. Tolerances are the table cek.check.TOLERANCES, shared with `cek check`.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cek import check, reference
+from cek.kernel import kernel_classes
+
+KERNELS = list(kernel_classes().values())
+DIMS = [1, 2, 3, 31, 32, 33, 127, 128, 129, 384, 768, 769, 1000, 1024, 4096]
+ROWS = [1, 7, 64]
+MARGINS = [-0.5, 0.0, 0.5]
+GPU_DIMS = [1, 3, 31, 32, 33, 127, 768, 769, 1000, 1024, 4096]
+
+
+def _inputs(kernel_cls, n_rows, n_dim, seed=0):
+    inputs = check.make_inputs(n_rows, n_dim, seed)
+    if kernel_cls.name.endswith("_fused") and seed % 2:
+        inputs["dy"], inputs["scale"] = None, 1.0 / n_rows  # the mean: no dy array
+    elif kernel_cls.name.endswith("_fused"):
+        inputs["scale"] = 0.5
+    return inputs
+
+
+def _assert_passes(result):
+    assert result.passed, result.detail
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    pytest.importorskip("cek.emulate")
+    return {s: check.emulator_launcher(schedule=s)
+            for s in ("forward", "random:1", "random:2")}
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("n_rows", ROWS)
+@pytest.mark.parametrize("n_dim", DIMS)
+def test_emulator_matches_reference(emulator, cls, n_rows, n_dim):
+    kernel = cls.for_n_dim(n_dim)
+    for seed, margin in enumerate(MARGINS):
+        inputs = _inputs(cls, n_rows, n_dim, seed)
+        _assert_passes(check.run_case(kernel, emulator["forward"], "cpu", inputs, margin))
+    # Other thread orders: a missing barrier or a racy reduction shows up as different numbers.
+    for seed, schedule in ((3, "random:1"), (4, "random:2")):
+        inputs = _inputs(cls, n_rows, n_dim, seed)
+        margin = MARGINS[seed % 3]
+        _assert_passes(check.run_case(kernel, emulator[schedule], "cpu", inputs, margin))
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("n_dim", [4, 768, 1000])
+def test_misaligned_views_take_the_scalar_path(emulator, cls, n_dim):
+    # Rows of a view one float into a buffer are 4-byte aligned only: a 128-bit access would fault.
+    inputs = _inputs(cls, 5, n_dim)
+    for name in ("x1", "x2"):
+        buf = np.empty(inputs[name].size + 1, np.float32)
+        view = buf[1:].reshape(inputs[name].shape)
+        view[...] = inputs[name]
+        assert view.ctypes.data % 16 != 0
+        inputs[name] = view
+    _assert_passes(check.run_case(cls.for_n_dim(n_dim), emulator["forward"], "cpu", inputs, 0.0))
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("sanitize", ["thread", "address"])
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+def test_sanitizers_find_nothing_in_the_kernels(cls, sanitize):
+    pytest.importorskip("cek.emulate")
+    launch = check.emulator_launcher(sanitize=sanitize)
+    for n_dim in (1, 33, 769):
+        inputs = _inputs(cls, 7, n_dim, seed=n_dim)
+        _assert_passes(check.run_case(cls.for_n_dim(n_dim), launch, "cpu", inputs, 0.0))
+
+
+@pytest.mark.emulator
+def test_schedules_give_bitwise_identical_results(emulator):
+    cls = kernel_classes()["fused"]
+    results = []
+    for schedule in ("forward", "random:1", "random:2"):
+        args, outputs = check.build_args(cls.for_n_dim(1000), _inputs(cls, 7, 1000), 0.0)
+        emulator[schedule](cls.for_n_dim(1000), args)
+        results.append(outputs)
+    for other in results[1:]:
+        for name in results[0]:
+            assert np.array_equal(results[0][name], other[name])
+
+
+# -- properties ------------------------------------------------------------------------------
+
+PROPERTY = settings(max_examples=15, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+dims = st.sampled_from([1, 3, 32, 33, 100, 768])
+
+
+def _run(emulator, name, inputs, margin=0.0):
+    kernel = kernel_classes()[name].for_n_dim(inputs["x1"].shape[1])
+    args, outputs = check.build_args(kernel, inputs, margin)
+    emulator["forward"](kernel, args)
+    return outputs
+
+
+@pytest.mark.emulator
+@PROPERTY
+@given(n_dim=dims, seed=st.integers(0, 2**16))
+def test_loss_of_identical_rows_with_label_1_is_zero(emulator, n_dim, seed):
+    inputs = check.make_inputs(4, n_dim, seed, zero_row=False)
+    inputs["x2"] = inputs["x1"].copy()
+    inputs["y"][:] = 1.0
+    loss = _run(emulator, "forward", inputs)["out"]
+    np.testing.assert_allclose(loss, 0.0, atol=1e-5)
+
+
+@pytest.mark.emulator
+@PROPERTY
+@given(n_dim=dims, seed=st.integers(0, 2**16), factor=st.floats(1e-3, 1e3))
+def test_loss_is_invariant_to_scaling_x1(emulator, n_dim, seed, factor):
+    inputs = check.make_inputs(4, n_dim, seed, zero_row=False)
+    base = _run(emulator, "forward", inputs, 0.1)["out"]
+    inputs["x1"] = (inputs["x1"] * np.float32(factor)).astype(np.float32)
+    np.testing.assert_allclose(_run(emulator, "forward", inputs, 0.1)["out"], base, atol=1e-5)
+
+
+@pytest.mark.emulator
+@PROPERTY
+@given(n_dim=dims, seed=st.integers(0, 2**16), margin=st.floats(-1, 1))
+def test_loss_is_between_0_and_2(emulator, n_dim, seed, margin):
+    loss = _run(emulator, "forward", check.make_inputs(7, n_dim, seed), margin)["out"]
+    assert np.all(loss >= 0) and np.all(loss <= 2 + 1e-6)
+
+
+@pytest.mark.emulator
+@PROPERTY
+@given(n_dim=st.sampled_from([1, 3, 5, 33]), seed=st.integers(0, 2**16),
+       margin=st.sampled_from(MARGINS))
+def test_gradients_match_finite_differences_of_the_reference(emulator, n_dim, seed, margin):
+    inputs = check.make_inputs(4, n_dim, seed, zero_row=False)
+    x1, x2 = inputs["x1"].astype(np.float64), inputs["x2"].astype(np.float64)
+    y, dy = inputs["y"], inputs["dy"].astype(np.float64)
+    c, _, _ = reference.cosine(x1, x2)
+    if np.any(np.abs(c - margin) < 1e-3):
+        return  # a step of h could cross the hinge at c = margin
+    got = _run(emulator, "backward", inputs, margin)
+    h = 1e-6
+    objective = lambda a, b: np.dot(dy, reference.forward(a, b, y, margin))  # noqa: E731
+    for name, which in (("dx1", 0), ("dx2", 1)):
+        num = np.zeros_like(x1)
+        for idx in np.ndindex(x1.shape):
+            plus, minus = [x1.copy(), x2.copy()], [x1.copy(), x2.copy()]
+            plus[which][idx] += h
+            minus[which][idx] -= h
+            num[idx] = (objective(*plus) - objective(*minus)) / (2 * h)
+        scale = np.max(np.abs(num))
+        np.testing.assert_allclose(got[name], num, rtol=1e-3, atol=1e-4 * scale)
+
+
+# -- gpu tier ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("n_dim", GPU_DIMS + [16384])
+def test_gpu_matches_reference(cls, n_dim):
+    launch = check.gpu_launcher()
+    for seed, margin in enumerate(MARGINS):
+        for n_rows in (1, 7, 300):
+            inputs = _inputs(cls, n_rows, n_dim, seed)
+            _assert_passes(check.run_case(cls.for_n_dim(n_dim), launch, "gpu", inputs, margin))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+def test_gpu_misaligned_views(cls):
+    import cupy
+
+    from cek import gpu
+
+    kernel = cls.for_n_dim(768)
+    inputs = _inputs(cls, 9, 768)
+    args, outputs = check.build_args(kernel, inputs, 0.0)
+    device_args = []
+    for spec, value in zip(kernel.args, args):
+        if isinstance(value, np.ndarray) and value.ndim == 2:
+            buf = cupy.empty(value.size + 1, cupy.float32)
+            view = buf[1:].reshape(value.shape)
+            view[...] = cupy.asarray(value)
+            device_args.append(view)
+        else:
+            device_args.append(cupy.asarray(value) if isinstance(value, np.ndarray) else value)
+    gpu.launch(kernel, *device_args)
+    for spec, host, dev in zip(kernel.args, args, device_args):
+        if spec.output:
+            host[...] = cupy.asnumpy(dev)
+    _, _, failures = check.compare(outputs, check.expected(kernel, inputs, 0.0))
+    assert not failures, failures
