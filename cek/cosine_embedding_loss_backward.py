@@ -23,5 +23,6 @@ class CosineEmbeddingLossBackward(Kernel):
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
-        # Header of the .cu: x1, x2 read and dx1, dx2 written once, plus dy and y.
-        return 16 * n_rows * n_dim + 8 * n_rows
+        # Header of the .cu: x1, x2 read and dx1, dx2 written once, plus dy and y; a streamed
+        # row is read twice.
+        return (24 if self.streamed else 16) * n_rows * n_dim + 8 * n_rows

@@ -19,8 +19,10 @@ import numpy as np
 
 from cek.sources import load_kernel_source
 
+# Mirrors of the constants in kernels/cek_row.cuh.
 WARP = 32
 MAX_THREADS = 1024
+MAX_REGISTER_BLOCK = 16384  # above this a row is streamed by 1024 threads
 
 _NUMPY_TYPES = {"float*": np.float32, "int": np.int32, "float": np.float32}
 
@@ -56,7 +58,7 @@ def next_power_of_two(n: int) -> int:
 
 
 def chunks_per_thread(block_size: int) -> int:
-    """Mirror of cek_chunks_per_thread in kernels/cek_row.cuh: float4 chunks each thread holds."""
+    """Mirror of CekTiling::CHUNKS in kernels/cek_row.cuh: float4 chunks each thread holds."""
     return max(1, block_size // (4 * MAX_THREADS))
 
 
@@ -70,11 +72,12 @@ class Kernel:
     name: ClassVar[str]
     args: ClassVar[tuple[Arg, ...]]
     dtype: ClassVar[str] = "f32"
-    max_block_size: ClassVar[int] = 16384
+    max_block_size: ClassVar[int] = 1 << 20
     max_threads: ClassVar[int] = MAX_THREADS
     launch_contract: ClassVar[str] = (
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
-        "threads = smallest multiple of 32 with threads * 4 * max(1, BLOCK_SIZE/4096) >= n_dim"
+        "threads = smallest multiple of 32 with threads * 4 * max(1, BLOCK_SIZE/4096) >= n_dim, "
+        "1024 above BLOCK_SIZE 16384 (the row is streamed)"
     )
 
     def __init__(self, block_size: int):
@@ -154,7 +157,14 @@ class Kernel:
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         raise NotImplementedError
 
+    @property
+    def streamed(self) -> bool:
+        """True when a row is too wide for registers and 1024 threads loop over it."""
+        return self.block_size > MAX_REGISTER_BLOCK
+
     def threads(self, n_dim: int) -> int:
+        if self.streamed:
+            return MAX_THREADS
         per_thread = 4 * chunks_per_thread(self.block_size)
         return WARP * math.ceil(math.ceil(n_dim / per_thread) / WARP)
 
@@ -169,7 +179,10 @@ class Kernel:
                 f"n_dim={n_dim} needs block_size={next_power_of_two(n_dim)}, "
                 f"but this kernel has block_size={self.block_size}"
             )
-        return (int(n_rows), 1, 1), (self.threads(n_dim), 1, 1), 0
+        return self._grid_and_block(int(n_rows), int(n_dim)) + (0,)
+
+    def _grid_and_block(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple]:
+        return (n_rows, 1, 1), (self.threads(n_dim), 1, 1)
 
     def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
         """Check launch arguments against `args` and cast scalars to their C types.

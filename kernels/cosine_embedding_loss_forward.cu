@@ -7,8 +7,9 @@
 // A NaN in a row gives a NaN loss for labels +-1.
 //
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
-// at most 16384. blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * 4 >= n_dim,
-// CHUNKS = max(1, BLOCK_SIZE / 4096) (see cek_row.cuh); at most 1024 threads.
+// at most 2^20. Up to 16384, blockDim.x = the smallest multiple of 32 with
+// blockDim.x * CHUNKS * 4 >= n_dim, CHUNKS = max(1, BLOCK_SIZE / 4096); above, 1024 threads
+// stream the row (see cek_row.cuh).
 //
 // Bytes moved: read x1, x2 once (2 * n_rows * n_dim * 4), read y and write out (2 * n_rows * 4):
 // 8*N*D + 8*N.
@@ -20,17 +21,12 @@ __device__ void cosine_embedding_loss_forward(const float* __restrict__ x1,
                                               const float* __restrict__ y,
                                               float* __restrict__ out, int n_rows, int n_dim,
                                               float margin) {
-    constexpr int CHUNKS = CekRowContract<BLOCK_SIZE>::CHUNKS;
     const int row = blockIdx.x;
     if (row >= n_rows) return;  // uniform over the block
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable(n_dim, x1, x2, x1, x2);
 
-    CekRowPair<CHUNKS> rp;
-    cek_load_row_pair(rp, x1 + offset, x2 + offset, n_dim, vec);
-
-    if (threadIdx.x == 0) {
-        const float c = rp.dot * rsqrtf(rp.sq1 + CEK_EPS) * rsqrtf(rp.sq2 + CEK_EPS);
-        out[row] = cek_row_loss(c, y[row], margin);
-    }
+    CekRowPair<CekTiling<BLOCK_SIZE>::CHUNKS> rp;  // unused once loaded: the compiler drops it
+    const CekCosine k = cek_block_row_cosine<BLOCK_SIZE>(rp, x1 + offset, x2 + offset, n_dim, vec);
+    if (threadIdx.x == 0) out[row] = cek_row_loss(k.c, y[row], margin);
 }

@@ -63,7 +63,7 @@ def test_dump_source_parts_and_line_numbers(run):
 
 @pytest.mark.parametrize("args, message", [
     (["dump-source", "--n-dim", "768", "--block-size", "1024"], "not both"),
-    (["dump-source", "--block-size", "3"], "power of two in [1, 16384], got 3"),
+    (["dump-source", "--block-size", "3"], "power of two in [1, 1048576], got 3"),
     (["dump-source", "--n-dim", "0"], "n_dim must be a positive int, got 0"),
     (["compile", "--kernel", "forward", "--all"], "not both"),
     (["compile", "--all-sizes", "--n-dim", "5"], "--all-sizes goes without"),

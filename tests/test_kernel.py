@@ -58,9 +58,9 @@ def test_cache_key_changes_with_block_size_and_kernel():
     assert len(keys) == 3 * len(ALL)
 
 
-@pytest.mark.parametrize("bad", [0, -4, 3, 768, 32768, 1 << 20])
+@pytest.mark.parametrize("bad", [0, -4, 3, 768, 1 << 21])
 def test_block_size_outside_the_range_names_it(bad):
-    with pytest.raises(ValueError, match=rf"power of two in \[1, 16384\], got {bad}"):
+    with pytest.raises(ValueError, match=rf"power of two in \[1, 1048576\], got {bad}"):
         cek.CosineEmbeddingLossBackward(bad)
 
 
@@ -70,8 +70,8 @@ def test_block_size_must_be_an_int(bad):
         cek.CosineEmbeddingLossBackward(bad)
 
 
-def test_block_sizes_cover_1_to_16384():
-    assert cek.CosineEmbeddingLossBackward.block_sizes() == [2**i for i in range(15)]
+def test_block_sizes_cover_1_to_2_to_the_20():
+    assert cek.CosineEmbeddingLossBackward.block_sizes() == [2**i for i in range(21)]
 
 
 @pytest.mark.parametrize("n, want", [(1, 1), (2, 2), (3, 4), (31, 32), (32, 32), (33, 64),
@@ -84,13 +84,36 @@ def test_next_power_of_two(n, want):
 @pytest.mark.parametrize("n_dim, threads", [(1, 32), (33, 32), (128, 32), (129, 64), (768, 192),
                                             (769, 224), (1000, 256), (4096, 1024),
                                             (4097, 544), (16384, 1024)])
-def test_threads_cover_the_row_with_whole_warps(n_dim, threads):
-    k = cek.CosineEmbeddingLossBackward.for_n_dim(n_dim)
+@pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossForward])
+def test_threads_cover_the_row_with_whole_warps(cls, n_dim, threads):
+    k = cls.for_n_dim(n_dim)
     grid, block, smem = k.launch_config(5, n_dim)
     assert grid == (5, 1, 1) and block == (threads, 1, 1) and smem == 0
     per_thread = 4 * chunks_per_thread(k.block_size)
     assert threads % 32 == 0 and threads <= 1024
     assert threads * per_thread >= n_dim > (threads - 32) * per_thread
+
+
+@pytest.mark.parametrize("n_dim", [16385, 100_000, 1 << 20])
+def test_rows_past_16384_are_streamed_by_1024_threads(n_dim):
+    k = cek.CosineEmbeddingLossBackward.for_n_dim(n_dim)
+    assert k.streamed and k.launch_config(3, n_dim) == ((3, 1, 1), (1024, 1, 1), 0)
+    assert k.bytes_moved(3, n_dim) == 24 * 3 * n_dim + 8 * 3  # the second read is counted
+
+
+@pytest.mark.parametrize("n_dim, group, grid", [(1, 1, 1), (4, 1, 1), (5, 2, 1), (32, 8, 1),
+                                                (128, 32, 1), (129, 32, 1), (256, 32, 1)])
+def test_fused_runs_row_groups_up_to_256(n_dim, group, grid):
+    k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim)
+    assert k.group == group
+    n_rows = 256 // group * grid  # exactly `grid` blocks' worth of rows
+    assert k.launch_config(n_rows, n_dim) == ((grid, 1, 1), (256, 1, 1), 0)
+    assert k.launch_config(n_rows + 1, n_dim)[0] == (grid + 1, 1, 1)
+
+
+def test_fused_above_256_is_one_block_per_row():
+    assert cek.CosineEmbeddingLossFused.for_n_dim(257).launch_config(9, 257) == \
+        ((9, 1, 1), (96, 1, 1), 0)
 
 
 def test_launch_with_the_wrong_block_size_names_both_numbers():
