@@ -15,7 +15,7 @@ def run():
     return lambda *args: runner.invoke(main, list(args))
 
 
-@pytest.mark.parametrize("command", [[], ["list"], ["dump-source"], ["compile"], ["check"]])
+@pytest.mark.parametrize("command", [[], ["list"], ["dump-source"], ["compile"], ["check"], ["bench"]])
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_every_command_has_help_with_an_example(run, command, flag):
     result = run(*command, flag)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads):
+# the gpu test tier, then a `cek bench` sweep. Results land under $OUT (default ./out) as six
+# files: env.txt, gpu_tests.log, bench.log (progress), tables.txt, bench.json, bench_fused.png.
+# Budget: about 6 minutes; each step has its own timeout so a hang cannot eat the rest.
+#
+#   bash scripts/device_check.sh            # from the repository root
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+PARTS=$(mktemp -d)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # cek from this checkout, nothing installed
+status=0
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import cek.bench as b, json; print(json.dumps(b.versions()))"; } >"$OUT/env.txt" 2>&1
+
+# 1. The gpu tier: kernels, functional API and bench against the float64 reference.
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` run, its JSON kept in $PARTS
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name" | tee -a "$OUT/tables.txt" >>"$OUT/bench.log"
+  timeout "$limit" python3 -m cek bench "$@" --json "$PARTS/$name.json" \
+      >>"$OUT/tables.txt" 2>>"$OUT/bench.log" || status=1
+}
+
+# 2. The sweep: N*D ~ 5e7 at each width. torch.compile compiles once per shape, so it runs on
+#    the fused kernel only; forward and backward are timed against CuPy and PyTorch eager.
+DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
+bench sweep_fused 150 $DIMS --n-rows auto --kernel fused --repeat 50 \
+    --baseline cupy,torch,torch-compile --plot "$OUT/bench_fused.png"
+bench sweep_fwd_bwd 90 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+    --baseline cupy,torch
+# 3. The targets' shapes exactly: 65536x768 (all kernels), 8192x4096 and 1048576x128 (fused).
+bench target_768 60 --n-dim 768 --n-rows 65536 --kernel all --repeat 100 \
+    --baseline cupy,torch,torch-compile
+bench target_4096 40 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline torch
+bench target_128 40 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline torch
+
+python3 - "$PARTS" "$OUT/bench.json" <<'PY'
+import json, pathlib, sys
+rows = []
+for part in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    rows += [dict(r, run=part.stem) for r in json.loads(part.read_text())]
+pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
+print(f"{len(rows)} rows in {sys.argv[2]}")
+PY
+cat "$OUT/tables.txt"
+exit $status
