@@ -1,0 +1,176 @@
+"""Build a kernel into a shared library for the emulator, with g++, cached on disk by content.
+
+A library is three parts linked together: the kernel's `source`, compiled unmodified with
+prelude.h force-included; a generated translation unit that calls the `extern "C"` entry point
+from a `void**` argument array and defines the dynamic shared memory; and runtime.cpp, compiled
+once per flavour into its own cached object. Files are written under a temporary name and moved
+into place with `os.replace`, so two processes building the same library at once both succeed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from cek.compile import CompileError
+from cek.kernel import Kernel
+
+HERE = Path(__file__).resolve().parent
+PRELUDE = HERE / "prelude.h"
+RUNTIME = HERE / "runtime.cpp"
+CXX = "g++"
+
+# -O2 builds a kernel in about the time -O1 does and runs its launches faster.
+# -fno-strict-aliasing: CUDA code reads float arrays through float4 pointers.
+# -fno-extern-tls-init: shared memory is thread_local (see prelude.h) and never has a dynamic
+# initializer; without it an `extern __shared__` array calls a null TLS init hook.
+COMMON = (
+    "-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
+    "-fno-strict-aliasing", "-fno-threadsafe-statics", "-fno-extern-tls-init",
+    "-fdiagnostics-color=never",
+)
+FLAVOURS = {
+    # flavour: (flags of the kernel's own code, define for the runtime)
+    "plain": (("-fsanitize=alignment",), ()),
+    "thread": (("-fsanitize=alignment", "-fsanitize=thread", "-g1"), ("-DCEK_TSAN",)),
+    "address": (
+        ("-fsanitize=alignment", "-fsanitize=address", "-fno-omit-frame-pointer", "-g1"),
+        ("-DCEK_ASAN",),
+    ),
+}
+DYNAMIC_SHARED_BYTES = 48 * 1024  # kDynamicSharedCapacity in runtime.cpp
+
+# `extern __shared__ T name[];`: the kernel declares it, the generated unit defines it.
+_DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+[^;]*?\b([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+
+compiles = 0  # g++ runs in this process, for tests of the cache
+_memo: dict[tuple[str, str], Path] = {}
+_memo_lock = threading.Lock()
+_key_locks: dict[tuple[str, str], threading.Lock] = {}
+
+
+def cache_dir() -> Path:
+    """`$CEK_CACHE_DIR`, else `$XDG_CACHE_HOME/cek`, else `~/.cache/cek`."""
+    if os.environ.get("CEK_CACHE_DIR"):
+        return Path(os.environ["CEK_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cek"
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version() -> str:
+    if shutil.which(CXX) is None:
+        raise RuntimeError(f"the emulator needs {CXX} (C++20) on PATH")
+    out = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()[0]
+
+
+def entry_source(kernel: Kernel) -> str:
+    """The generated unit: `cek_kernel_entry(void** args)` and the dynamic shared memory."""
+    params = ", ".join(arg.ctype for arg in kernel.args)
+    values = ", ".join(f"*static_cast<{a.ctype}*>(args[{i}])" for i, a in enumerate(kernel.args))
+    names = sorted(set(_DYNAMIC_SHARED.findall(kernel.source)))
+    lines = [
+        f'extern "C" void {kernel.entry_point_name()}({params});',
+        'extern "C" void cek_kernel_entry(void** args) {',
+        f"    {kernel.entry_point_name()}({values});",
+        "}",
+    ]
+    if names:
+        # Every extern __shared__ array of a CUDA kernel starts at the same address: aliases.
+        lines += [
+            f'extern "C" {{ alignas(16) thread_local unsigned char '
+            f"cek_dynamic_shared_bytes[{DYNAMIC_SHARED_BYTES}]; }}",
+            *(f"extern thread_local unsigned char {name}[{DYNAMIC_SHARED_BYTES}] "
+              f'__attribute__((alias("cek_dynamic_shared_bytes")));' for name in names),
+            'extern "C" unsigned char* cek_dynamic_shared() { return cek_dynamic_shared_bytes; }',
+        ]
+    else:
+        lines.append('extern "C" unsigned char* cek_dynamic_shared() { return nullptr; }')
+    return "\n".join(lines) + "\n"
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _run(command: list[str], what: str, cwd: Path) -> None:
+    global compiles
+    with _memo_lock:
+        compiles += 1
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:
+        raise CompileError(what, (done.stdout + done.stderr).strip())
+
+
+def _build_once(target: Path, build) -> Path:
+    """Run build(tmp_dir) -> file unless target exists, then move the file into place."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        os.replace(build(Path(tmp)), target)
+    return target
+
+
+def runtime_object(flavour: str) -> Path:
+    """runtime.cpp compiled for `flavour`: one object shared by every kernel library."""
+    flags = (*COMMON, *FLAVOURS[flavour][1])
+    key = _digest(PRELUDE.read_bytes(), RUNTIME.read_bytes(), *flags, compiler_version())
+    target = cache_dir() / "emulate" / f"runtime-{flavour}-{key[:16]}.o"
+
+    def build(tmp: Path) -> Path:
+        out = tmp / "runtime.o"
+        _run([CXX, *flags, "-I", str(HERE), "-c", str(RUNTIME), "-o", str(out)],
+             f"emulator runtime ({flavour})", tmp)
+        return out
+
+    return _build_once(target, build)
+
+
+def library(kernel: Kernel, flavour: str = "plain") -> Path:
+    """The path of the kernel's library for `flavour`, building it if no cache holds it."""
+    if flavour not in FLAVOURS:
+        raise ValueError(f"flavour must be one of {sorted(FLAVOURS)}, got {flavour!r}")
+    flags = (*COMMON, *FLAVOURS[flavour][0])
+    entry = entry_source(kernel)
+    key = _digest(kernel.source, entry, PRELUDE.read_bytes(), RUNTIME.read_bytes(), *flags,
+                  *FLAVOURS[flavour][1], compiler_version())
+    memo_key = (str(cache_dir()), key)
+    with _memo_lock:
+        if memo_key in _memo:
+            return _memo[memo_key]
+        key_lock = _key_locks.setdefault(memo_key, threading.Lock())
+    with key_lock:  # threads loading the same kernel build it once
+        target = cache_dir() / "emulate" / f"{kernel.id}-{flavour}-{key[:16]}.so"
+
+        def build(tmp: Path) -> Path:
+            runtime = runtime_object(flavour)
+            (tmp / "kernel.cpp").write_text(kernel.source)
+            (tmp / "entry.cpp").write_text(entry)
+            out = tmp / "kernel.so"
+            _run([CXX, *flags, "-include", str(PRELUDE), "-shared", "kernel.cpp", "entry.cpp",
+                  str(runtime), "-o", str(out)], kernel.id, tmp)
+            return out
+
+        path = _build_once(target, build)
+        with _memo_lock:
+            _memo[memo_key] = path
+        return path
+
+
+def forget() -> None:
+    """Drop the in-process memo (the disk cache stays), so the next load looks at the disk."""
+    with _memo_lock:
+        _memo.clear()

@@ -1,0 +1,101 @@
+"""Launch a built emulator library through ctypes, in this process.
+
+Imports nothing from cek: the sanitizer subprocess (`_child.py`) runs this file without importing
+cek and NumPy, which take seconds to import under ThreadSanitizer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import re
+import threading
+from typing import Sequence
+
+SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}  # enum Schedule in runtime.cpp
+_RANDOM = re.compile(r"random:(\d+)")
+_CTYPES = {"int": ctypes.c_int, "float": ctypes.c_float}
+MAX_THREADS = 1024
+MAX_SHARED_MEM = 48 * 1024
+
+
+def parse_schedule(schedule: str) -> tuple[int, int]:
+    """'forward', 'reverse' or 'random:<seed>' -> (runtime schedule, seed)."""
+    if schedule in ("forward", "reverse"):
+        return SCHEDULES[schedule], 0
+    match = _RANDOM.fullmatch(schedule) if isinstance(schedule, str) else None
+    if not match:
+        raise ValueError(f"schedule must be 'forward', 'reverse' or 'random:<seed>', got {schedule!r}")
+    return SCHEDULES["random"], int(match[1]) % 2**64
+
+
+def launch_dims(value, what: str) -> tuple[int, int, int]:
+    """A grid or block as CuPy takes it (an int or a tuple of 1 to 3 ints) -> (x, y, z)."""
+    try:
+        dims = tuple(operator.index(d) for d in (value if isinstance(value, tuple) else (value,)))
+    except TypeError:
+        dims = ()
+    if not 1 <= len(dims) <= 3 or min(dims) < 1 or isinstance(value, bool):
+        raise ValueError(f"{what} must be a positive int or a tuple of 1 to 3, got {value!r}")
+    dims = dims + (1,) * (3 - len(dims))
+    if what == "block" and dims[0] * dims[1] * dims[2] > MAX_THREADS:
+        raise ValueError(f"block {dims} has more than {MAX_THREADS} threads")
+    if any(d >= 2**31 for d in dims):
+        raise ValueError(f"{what} {dims} has a dimension of 2^31 or more")
+    return dims
+
+
+def check_shared_mem(shared_mem) -> int:
+    if not isinstance(shared_mem, int) or not 0 <= shared_mem <= MAX_SHARED_MEM:
+        raise ValueError(f"shared_mem must be an int in [0, {MAX_SHARED_MEM}], got {shared_mem!r}")
+    return shared_mem
+
+
+def arg_values(ctypes_of_args: Sequence[str], values: Sequence) -> list:
+    """The launch's arguments as ctypes objects; a pointer is given as an address (int)."""
+    return [
+        ctypes.c_void_p(v) if ctype.endswith("*") else _CTYPES[ctype](v)
+        for ctype, v in zip(ctypes_of_args, values)
+    ]
+
+
+class Library:
+    """One loaded kernel library. Launches take a lock: the runtime's state is global."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._dll = ctypes.CDLL(path)
+        self._launch = self._dll.cek_launch
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint),
+            ctypes.POINTER(ctypes.c_uint), ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong,
+            ctypes.c_char_p, ctypes.c_ulong,
+        ]
+        self._lock = threading.Lock()
+
+    def launch(self, grid, block, values: list, shared_mem: int,
+               schedule: tuple[int, int]) -> str:
+        """Run the kernel; `values` from `arg_values`. Returns the runtime's error, "" if none."""
+        pointers = (ctypes.c_void_p * len(values))(
+            *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)
+        )
+        error = ctypes.create_string_buffer(4096)
+        with self._lock:
+            failed = self._launch(
+                pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
+                schedule[0], schedule[1], error, len(error),
+            )
+        return error.value.decode(errors="replace") if failed else ""
+
+
+_libraries: dict[str, Library] = {}
+_libraries_lock = threading.Lock()
+
+
+def open_library(path: str) -> Library:
+    """The library at `path`, loaded once per process."""
+    with _libraries_lock:
+        if path not in _libraries:
+            _libraries[path] = Library(path)
+        return _libraries[path]

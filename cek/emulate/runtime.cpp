@@ -1,0 +1,611 @@
+// runtime.cpp: runs one launch of an emulated kernel. Blocks run one after another; the threads
+// of a block run as fibers on the calling OS thread and switch only at __syncthreads, at a
+// shuffle and at exit, so a launch is deterministic and a deadlock shows the moment no fiber
+// can run. The order in which runnable fibers resume is the launch's schedule.
+//
+// Built once per flavour (plain, CEK_TSAN, CEK_ASAN) and linked into every kernel library. It is
+// not instrumented itself: it only tells the sanitizers about fibers and synchronisation.
+#include <dlfcn.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "prelude.h"
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+// Defined by the generated translation unit of each kernel library.
+extern "C" void cek_kernel_entry(void** args);
+extern "C" unsigned char* cek_dynamic_shared(void);  // null when the kernel declares none
+
+#ifdef CEK_TSAN
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_set_fiber_name(void* fiber, const char* name);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+// A switch between fibers is not synchronisation on a GPU; only barriers and shuffles are.
+static const unsigned kTsanNoSync = 1;
+#define TSAN(...) __VA_ARGS__
+#else
+#define TSAN(...)
+#endif
+
+#ifdef CEK_ASAN
+extern "C" {
+void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
+                                     size_t* size_old);
+void __asan_poison_memory_region(const volatile void* addr, size_t size);
+void __asan_unpoison_memory_region(const volatile void* addr, size_t size);
+}
+#define ASAN(...) __VA_ARGS__
+#else
+#define ASAN(...)
+#endif
+
+static const int kMaxThreads = 1024;
+static const int kWarp = 32;
+static const unsigned long kDynamicSharedCapacity = 48 * 1024;  // CUDA's default limit
+#if defined(CEK_TSAN) || defined(CEK_ASAN)
+static const size_t kStackSize = 256 * 1024;  // sanitizer reports run on the fiber's stack
+#else
+static const size_t kStackSize = 64 * 1024;
+#endif
+
+// ---- context switch ---------------------------------------------------------------------------
+
+#if defined(__x86_64__) && !defined(CEK_UCONTEXT)  // -DCEK_UCONTEXT tests the fallback
+// Saves the callee-saved registers on the current stack, swaps stack pointers, restores. The
+// MXCSR and x87 control words are not saved: kernel code never changes them.
+extern "C" void cek_switch(void** save_sp, void* to_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .hidden cek_switch
+    .type cek_switch, @function
+cek_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cek_switch, .-cek_switch
+)");
+
+struct Context {
+    void* sp;
+};
+static void switch_context(Context* from, Context* to) { cek_switch(&from->sp, to->sp); }
+static void make_context(Context* ctx, char* stack, size_t size, void (*entry)()) {
+    void** sp = reinterpret_cast<void**>(stack + size);  // 16-byte aligned
+    *--sp = nullptr;                                     // entry's return address: none
+    *--sp = reinterpret_cast<void*>(entry);              // where cek_switch's ret lands
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;         // rbp rbx r12 r13 r14 r15
+    ctx->sp = sp;
+}
+#else
+#include <ucontext.h>
+struct Context {
+    ucontext_t uc;
+};
+static void switch_context(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+static void make_context(Context* ctx, char* stack, size_t size, void (*entry)()) {
+    getcontext(&ctx->uc);
+    ctx->uc.uc_stack.ss_sp = stack;
+    ctx->uc.uc_stack.ss_size = size;
+    ctx->uc.uc_link = nullptr;
+    makecontext(&ctx->uc, entry, 0);
+}
+#endif
+
+// ---- state of the launch ----------------------------------------------------------------------
+
+enum State { RUNNABLE, AT_BARRIER, AT_SHUFFLE, EXITED };
+
+struct Fiber {
+    Context ctx;
+    char* stack;
+    uint3 idx;
+    int tid;
+    State state;
+    // The pending shuffle: this lane's value, then the value it receives.
+    unsigned long long bits;
+    int src;  // lane read, -1 for its own value
+    TSAN(void* tsan;)
+    ASAN(void* fake_stack;)
+};
+
+struct Warp {
+    int arrived;
+    unsigned mask;
+    const char* file;
+    int line;
+    unsigned generation;
+    TSAN(char sync[2];)
+};
+
+extern "C" {
+const uint3* cek_thread_idx;
+uint3 cek_block_idx;
+dim3 cek_block_dim, cek_grid_dim;
+}
+
+static Fiber* g_fibers;
+static Fiber* g_current;
+static Context g_scheduler;
+static void** g_args;
+static int g_threads, g_exited, g_at_barrier;
+static const char* g_barrier_file;
+static int g_barrier_line;
+static unsigned g_barrier_generation;
+static Warp g_warps[kMaxThreads / kWarp];
+static bool g_failed;
+static char g_error[4096];
+TSAN(static void* g_tsan_scheduler; static char g_tsan_barrier[2]; static char g_tsan_block_start;
+     static char g_tsan_block_end;)
+ASAN(static void* g_asan_fake_stack; static const void* g_asan_stack; static size_t g_asan_size;)
+
+static void fail(const char* file, int line, const char* fmt, ...) {
+    if (g_failed) return;
+    g_failed = true;
+    int n = file ? snprintf(g_error, sizeof g_error, "%s:%d: ", file, line) : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_error + n, sizeof g_error - n, fmt, ap);
+    va_end(ap);
+}
+
+static const char* describe(const Fiber* f) {
+    static char text[128];
+    snprintf(text, sizeof text, "thread (%u,%u,%u) of block (%u,%u,%u)", f->idx.x, f->idx.y,
+             f->idx.z, cek_block_idx.x, cek_block_idx.y, cek_block_idx.z);
+    return text;
+}
+
+// ---- fibers -----------------------------------------------------------------------------------
+
+// Back to the scheduler. A fiber that has exited or failed is never resumed: its stack is reset
+// when the next block starts.
+static void yield(bool dying) {
+    Fiber* f = g_current;
+    ASAN(__sanitizer_start_switch_fiber(dying ? nullptr : &f->fake_stack, g_asan_stack,
+                                        g_asan_size);)
+    TSAN(__tsan_switch_to_fiber(g_tsan_scheduler, kTsanNoSync);)
+    switch_context(&f->ctx, &g_scheduler);
+    ASAN(__sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);)
+}
+
+[[noreturn]] static void abort_fiber() {
+    yield(true);
+    abort();  // unreachable: a failed fiber is never resumed
+}
+
+static void fiber_main() {
+    ASAN(__sanitizer_finish_switch_fiber(nullptr, &g_asan_stack, &g_asan_size);)
+    TSAN(__tsan_acquire(&g_tsan_block_start);)
+    cek_kernel_entry(g_args);
+    TSAN(__tsan_release(&g_tsan_block_end);)
+    g_current->state = EXITED;
+    ++g_exited;
+    abort_fiber();
+}
+
+static void resume(Fiber* f) {
+    g_current = f;
+    cek_thread_idx = &f->idx;
+    ASAN(__sanitizer_start_switch_fiber(&g_asan_fake_stack, f->stack, kStackSize);)
+    TSAN(__tsan_switch_to_fiber(f->tsan, kTsanNoSync);)
+    switch_context(&g_scheduler, &f->ctx);
+    ASAN(__sanitizer_finish_switch_fiber(g_asan_fake_stack, &g_asan_stack, &g_asan_size);)
+    g_current = nullptr;
+}
+
+// A fiber's stack is allocated the first time a block needs it, with a guard page below, and
+// reused by every later block. The mapping is made by a raw system call: ThreadSanitizer's mmap
+// interceptor clears the shadow of every new mapping, which for a 1024-thread block of
+// sanitizer-sized stacks costs seconds.
+static bool allocate_fibers(int n) {
+    static int allocated = 0;
+    if (!g_fibers) g_fibers = static_cast<Fiber*>(calloc(kMaxThreads, sizeof(Fiber)));
+    if (!g_fibers) return false;
+    const size_t page = sysconf(_SC_PAGESIZE);
+    for (; allocated < n; ++allocated) {
+        void* p = reinterpret_cast<void*>(syscall(SYS_mmap, nullptr, kStackSize + page,
+                                                  PROT_READ | PROT_WRITE,
+                                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                                                  0));
+        if (p == MAP_FAILED) return false;
+        syscall(SYS_mprotect, p, page, PROT_NONE);
+        g_fibers[allocated].stack = static_cast<char*>(p) + page;
+        TSAN(g_fibers[allocated].tsan = __tsan_create_fiber(0);)
+    }
+    return true;
+}
+
+// ---- __syncthreads ----------------------------------------------------------------------------
+
+extern "C" void cek_syncthreads(const char* file, int line) {
+    Fiber* f = g_current;
+    if (!g_barrier_file) {
+        g_barrier_file = file;
+        g_barrier_line = line;
+    } else if (line != g_barrier_line || strcmp(file, g_barrier_file) != 0) {
+        fail(file, line,
+             "divergent __syncthreads: %s waits here while other threads wait at %s:%d",
+             describe(f), g_barrier_file, g_barrier_line);
+        abort_fiber();
+    }
+    f->state = AT_BARRIER;
+    ++g_at_barrier;
+    TSAN(char* sync = &g_tsan_barrier[g_barrier_generation & 1]; __tsan_release(sync);)
+    yield(false);
+    TSAN(__tsan_acquire(sync);)
+}
+
+// All live threads are at the barrier: release them, unless one has exited, which PTX counts
+// as arrived but which almost always means a thread skipped a barrier the others wait at.
+static void complete_barrier() {
+    if (g_at_barrier == 0 || g_at_barrier != g_threads - g_exited) return;
+    if (g_exited > 0) {
+        for (int t = 0; t < g_threads; ++t)
+            if (g_fibers[t].state == EXITED) {
+                fail(g_barrier_file, g_barrier_line,
+                     "__syncthreads completed while %s had already exited (%d of %d threads "
+                     "exited before the barrier)",
+                     describe(&g_fibers[t]), g_exited, g_threads);
+                return;
+            }
+    }
+    for (int t = 0; t < g_threads; ++t) g_fibers[t].state = RUNNABLE;
+    g_at_barrier = 0;
+    g_barrier_file = nullptr;
+    ++g_barrier_generation;
+}
+
+// ---- shuffles ---------------------------------------------------------------------------------
+
+static const char* const kShuffleNames[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                            "__shfl_xor_sync"};
+
+// The lane a shuffle reads, or -1 for its own value (CUDA's rules for each kind and width).
+static int source_lane(int kind, int lane, int arg, int width) {
+    const int segment = lane & ~(width - 1), offset = lane & (width - 1);
+    switch (kind) {
+        case CEK_SHFL_IDX: return segment + (arg & (width - 1));
+        case CEK_SHFL_UP: return offset < arg ? -1 : lane - arg;
+        case CEK_SHFL_DOWN: return offset + arg >= width ? -1 : lane + arg;
+        default: {
+            const int src = lane ^ arg;
+            return src >= segment + width || src >= kWarp ? -1 : src;
+        }
+    }
+}
+
+extern "C" unsigned long long cek_shuffle(int kind, unsigned mask, unsigned long long bits,
+                                          int lane_arg, int width, const char* file, int line) {
+    Fiber* f = g_current;
+    const int lane = f->tid % kWarp;
+    Warp& w = g_warps[f->tid / kWarp];
+    const char* name = kShuffleNames[kind];
+    if (width < 1 || width > kWarp || (width & (width - 1))) {
+        fail(file, line, "%s: width %d is not a power of two in [1, 32]", name, width);
+        abort_fiber();
+    }
+    if (!(mask >> lane & 1u)) {
+        fail(file, line, "%s: %s calls it with a mask 0x%08x that leaves out its own lane %d",
+             name, describe(f), mask, lane);
+        abort_fiber();
+    }
+    if (w.arrived == 0) {
+        w.mask = mask;
+        w.file = file;
+        w.line = line;
+    } else if (line != w.line || strcmp(file, w.file) != 0 || mask != w.mask) {
+        fail(file, line,
+             "divergent shuffle: %s calls %s with mask 0x%08x while lanes of its warp wait at "
+             "%s:%d with mask 0x%08x",
+             describe(f), name, mask, w.file, w.line, w.mask);
+        abort_fiber();
+    }
+    f->bits = bits;
+    f->src = source_lane(kind, lane, lane_arg, width);
+    f->state = AT_SHUFFLE;
+    ++w.arrived;
+    TSAN(char* sync = &w.sync[w.generation & 1]; __tsan_release(sync);)
+    yield(false);
+    TSAN(__tsan_acquire(sync);)
+    return f->bits;
+}
+
+// A warp's shuffle completes when every lane of its mask that exists and has not exited is
+// there. Reading any other lane is an error: on a GPU the value is undefined.
+static void complete_shuffles() {
+    const int n_warps = (g_threads + kWarp - 1) / kWarp;
+    for (int wi = 0; wi < n_warps && !g_failed; ++wi) {
+        Warp& w = g_warps[wi];
+        if (w.arrived == 0) continue;
+        Fiber* lanes = g_fibers + wi * kWarp;
+        const int n_lanes = g_threads - wi * kWarp < kWarp ? g_threads - wi * kWarp : kWarp;
+        unsigned live = 0;
+        for (int l = 0; l < n_lanes; ++l)
+            if ((w.mask >> l & 1u) && lanes[l].state != EXITED) live |= 1u << l;
+        if (w.arrived != __builtin_popcount(live)) continue;
+        unsigned long long received[kWarp];
+        for (int l = 0; l < n_lanes; ++l) {
+            if (!(live >> l & 1u)) continue;
+            const int src = lanes[l].src;
+            if (src < 0) {
+                received[l] = lanes[l].bits;
+            } else if (live >> src & 1u) {
+                received[l] = lanes[src].bits;
+            } else {
+                const char* why = src >= n_lanes                  ? "does not exist"
+                                  : !(w.mask >> src & 1u)         ? "is not in the mask"
+                                  : lanes[src].state == EXITED    ? "has exited"
+                                                                  : "is not at the shuffle";
+                fail(w.file, w.line, "shuffle: %s reads lane %d of its warp, which %s",
+                     describe(&lanes[l]), src, why);
+                return;
+            }
+        }
+        for (int l = 0; l < n_lanes; ++l) {
+            if (!(live >> l & 1u)) continue;
+            lanes[l].bits = received[l];
+            lanes[l].state = RUNNABLE;
+        }
+        w.arrived = 0;
+        ++w.generation;
+    }
+}
+
+// ---- scheduling -------------------------------------------------------------------------------
+
+enum Schedule { FORWARD, REVERSE, RANDOM };
+
+static unsigned long long g_rng;
+static unsigned long long next_random() {  // splitmix64
+    unsigned long long z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void order(int* items, int n, int schedule) {
+    if (schedule == REVERSE) {
+        for (int i = 0; i < n / 2; ++i) {
+            int t = items[i];
+            items[i] = items[n - 1 - i];
+            items[n - 1 - i] = t;
+        }
+    } else if (schedule == RANDOM) {
+        for (int i = n - 1; i > 0; --i) {
+            int j = static_cast<int>(next_random() % static_cast<unsigned long long>(i + 1));
+            int t = items[i];
+            items[i] = items[j];
+            items[j] = t;
+        }
+    }
+}
+
+static void report_deadlock() {
+    int at_barrier = -1, at_shuffle = -1;
+    for (int t = 0; t < g_threads; ++t) {
+        if (g_fibers[t].state == AT_BARRIER && at_barrier < 0) at_barrier = t;
+        if (g_fibers[t].state == AT_SHUFFLE && at_shuffle < 0) at_shuffle = t;
+    }
+    char shuffle[512] = "";
+    if (at_shuffle >= 0) {
+        const Warp& w = g_warps[at_shuffle / kWarp];
+        snprintf(shuffle, sizeof shuffle, "; %s waits at a shuffle at %s:%d (mask 0x%08x)",
+                 describe(&g_fibers[at_shuffle]), w.file, w.line, w.mask);
+    }
+    if (at_barrier >= 0)
+        fail(g_barrier_file, g_barrier_line,
+             "deadlock: %d of %d threads wait at __syncthreads here and no thread can run%s",
+             g_at_barrier, g_threads, shuffle);
+    else
+        fail(nullptr, 0, "deadlock: no thread can run%s", shuffle);
+}
+
+static void run_block(int schedule, int* runnable) {
+    for (int t = 0; t < g_threads; ++t) {
+        Fiber& f = g_fibers[t];
+        f.tid = t;
+        f.idx = uint3{t % cek_block_dim.x, t / cek_block_dim.x % cek_block_dim.y,
+                      t / (cek_block_dim.x * cek_block_dim.y)};
+        f.state = RUNNABLE;
+        make_context(&f.ctx, f.stack, kStackSize, fiber_main);
+    }
+    memset(g_warps, 0, sizeof g_warps);
+    g_exited = g_at_barrier = 0;
+    g_barrier_file = nullptr;
+    // One round resumes every runnable fiber once; it ends at a barrier, a shuffle or an exit.
+    while (g_exited < g_threads) {
+        int n = 0;
+        for (int t = 0; t < g_threads; ++t)
+            if (g_fibers[t].state == RUNNABLE) runnable[n++] = t;
+        if (n == 0) return report_deadlock();
+        order(runnable, n, schedule);
+        for (int i = 0; i < n; ++i) {
+            resume(&g_fibers[runnable[i]]);
+            if (g_failed) return;
+        }
+        complete_barrier();
+        if (g_failed) return;
+        complete_shuffles();
+        if (g_failed) return;
+    }
+}
+
+// ---- shared memory ----------------------------------------------------------------------------
+
+// Every __shared__ variable is a thread_local of this library, so this library's TLS block is
+// exactly the kernel's shared memory. It is filled with 0xff bytes (a NaN as a float) before each
+// block, so a value left by the previous block cannot make a missing barrier look harmless.
+struct TlsBlock {
+    unsigned char* base;
+    size_t size;
+};
+struct TlsIndex {
+    unsigned long module, offset;
+};
+extern "C" void* __tls_get_addr(TlsIndex*);
+
+static int find_tls(struct dl_phdr_info* info, size_t, void* data) {
+    Dl_info self;
+    if (!dladdr(reinterpret_cast<void*>(&find_tls), &self) ||
+        info->dlpi_addr != reinterpret_cast<ElfW(Addr)>(self.dli_fbase))
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum; ++i) {
+        if (info->dlpi_phdr[i].p_type != PT_TLS) continue;
+        TlsIndex index = {info->dlpi_tls_modid, 0};
+        auto* block = static_cast<TlsBlock*>(data);
+        block->base = static_cast<unsigned char*>(__tls_get_addr(&index));
+        block->size = info->dlpi_phdr[i].p_memsz;
+    }
+    return 1;
+}
+
+static void fill_shared(const TlsBlock& tls, unsigned char* dynamic, unsigned long shared_mem) {
+    ASAN(if (dynamic) __asan_unpoison_memory_region(dynamic, kDynamicSharedCapacity);)
+    if (tls.base) memset(tls.base, 0xff, tls.size);
+    // Past the launch's shared_mem bytes the buffer is not the kernel's.
+    ASAN(if (dynamic) __asan_poison_memory_region(dynamic + shared_mem,
+                                                  kDynamicSharedCapacity - shared_mem);)
+    (void)dynamic;
+    (void)shared_mem;
+}
+
+// ---- the launch -------------------------------------------------------------------------------
+
+static unsigned long gcd(unsigned long a, unsigned long b) {
+    while (b) {
+        unsigned long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static void block_index(unsigned long b, uint3* out) {
+    out->x = b % cek_grid_dim.x;
+    out->y = b / cek_grid_dim.x % cek_grid_dim.y;
+    out->z = b / (static_cast<unsigned long>(cek_grid_dim.x) * cek_grid_dim.y);
+}
+
+// Returns 0, or 1 with the reason in `error`. Not reentrant: the caller holds a lock.
+EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
+                      unsigned long shared_mem, int schedule, unsigned long long seed,
+                      char* error, unsigned long error_size) {
+    g_failed = false;
+    g_error[0] = 0;
+    cek_grid_dim = dim3(grid[0], grid[1], grid[2]);
+    cek_block_dim = dim3(block[0], block[1], block[2]);
+    g_threads = static_cast<int>(block[0] * block[1] * block[2]);
+    g_args = args;
+    g_rng = seed;
+    unsigned char* dynamic = cek_dynamic_shared();
+    if (g_threads < 1 || g_threads > kMaxThreads)
+        fail(nullptr, 0, "a block of %d threads is outside [1, %d]", g_threads, kMaxThreads);
+    else if (shared_mem > kDynamicSharedCapacity)
+        fail(nullptr, 0, "shared_mem=%lu is over the %lu bytes of dynamic shared memory",
+             shared_mem, kDynamicSharedCapacity);
+    else if (!allocate_fibers(g_threads))
+        fail(nullptr, 0, "cannot allocate fiber stacks");
+    if (!g_failed) {
+        TlsBlock tls = {nullptr, 0};
+        dl_iterate_phdr(find_tls, &tls);
+        TSAN(g_tsan_scheduler = __tsan_get_current_fiber();)
+        const unsigned long n_blocks =
+            static_cast<unsigned long>(grid[0]) * grid[1] * grid[2];
+        int runnable[kMaxThreads];
+        // The block order follows the schedule too, so that blocks racing on global memory give
+        // different results under different schedules. The random order is b = a*i + c mod n
+        // with a coprime to n: a permutation without a table of n entries.
+        unsigned long a = 1, c = 0;
+        if (schedule == RANDOM && n_blocks > 1) {
+            do a = 1 + next_random() % (n_blocks - 1);
+            while (gcd(a, n_blocks) != 1);
+            c = next_random() % n_blocks;
+        }
+        for (unsigned long i = 0; i < n_blocks && !g_failed; ++i) {
+            const unsigned long b = schedule == REVERSE ? n_blocks - 1 - i
+                                    : schedule == RANDOM
+                                        ? static_cast<unsigned long>(
+                                              (static_cast<unsigned __int128>(a) * i + c) %
+                                              n_blocks)
+                                        : i;
+            block_index(b, &cek_block_idx);
+            fill_shared(tls, dynamic, shared_mem);
+            TSAN(__tsan_release(&g_tsan_block_start);)
+            run_block(schedule, runnable);
+            TSAN(__tsan_acquire(&g_tsan_block_end);)
+        }
+        ASAN(if (dynamic) __asan_unpoison_memory_region(dynamic, kDynamicSharedCapacity);)
+    }
+    g_current = nullptr;
+    cek_thread_idx = nullptr;
+    snprintf(error, error_size, "%s", g_error);
+    return g_failed ? 1 : 0;
+}
+
+// ---- misaligned accesses ----------------------------------------------------------------------
+
+// The kernel is built with -fsanitize=alignment but not linked with libubsan: these handlers
+// turn a report into a KernelError of the launch and stop the thread before the access faults.
+struct SourceLocation {
+    const char* file;
+    unsigned line, column;
+};
+struct TypeDescriptor {
+    unsigned short kind, info;
+    char name[1];
+};
+struct TypeMismatchData {
+    SourceLocation location;
+    const TypeDescriptor* type;
+    unsigned char log_alignment;
+    unsigned char check_kind;
+};
+
+extern "C" void cek_misaligned(const void* p, unsigned long align, const char* what,
+                               const char* file, int line) {
+    fail(file, line, "misaligned %s of address %p, which needs %lu-byte alignment, by %s", what,
+         p, align, g_current ? describe(g_current) : "the host");
+    if (!g_current) abort();
+    abort_fiber();
+}
+
+extern "C" void __ubsan_handle_type_mismatch_v1(TypeMismatchData* data, unsigned long pointer) {
+    static const char* const kinds[] = {"load", "store", "reference binding", "member access",
+                                        "member call", "constructor call"};
+    const char* kind = data->check_kind < 6 ? kinds[data->check_kind] : "access";
+    char what[256];
+    snprintf(what, sizeof what, "%s of type %s", kind, data->type->name);
+    cek_misaligned(reinterpret_cast<const void*>(pointer), 1ul << data->log_alignment, what,
+                   data->location.file, static_cast<int>(data->location.line));
+}
+
+extern "C" void __ubsan_handle_type_mismatch_v1_abort(TypeMismatchData* data,
+                                                      unsigned long pointer) {
+    __ubsan_handle_type_mismatch_v1(data, pointer);
+}

@@ -1,0 +1,8 @@
+// Planted bug: the same misaligned float4 load, through __ldg.
+template <int BLOCK_SIZE>
+__device__ void planted_misaligned_ldg(const float* __restrict__ x, float* __restrict__ out,
+                                       int n_rows, int n_dim) {
+    const float* row = x + (long long)blockIdx.x * n_dim;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(row + 1) + threadIdx.x);
+    out[(long long)blockIdx.x * n_dim + threadIdx.x] = v.x + v.y + v.z + v.w;
+}

@@ -1,0 +1,239 @@
+"""The CPU emulator: right numbers on the real kernels, and every planted bug caught.
+
+The planted kernels in tests/planted/ each carry one bug that a GPU would not report; each test
+checks that the emulator names it (with the .cu file and line where it has one).
+"""
+
+import concurrent.futures
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cek
+from cek.compile import CompileError
+from cek.kernel import Arg, Kernel
+
+emulate = pytest.importorskip("cek.emulate")
+from cek.emulate import KernelError, build, sanitize as sanitized  # noqa: E402
+
+pytestmark = pytest.mark.emulator
+
+PLANTED = Path(__file__).resolve().parent / "planted"
+MATRIX = ("n_rows", "n_dim")
+
+
+class Planted(Kernel):
+    """A kernel from tests/planted/<stem>.cu: planted_<stem>(x, out, n_rows, n_dim)."""
+
+    args = (Arg("x", "float*", MATRIX), Arg("out", "float*", MATRIX, output=True),
+            Arg("n_rows", "int"), Arg("n_dim", "int"))
+
+    def __init__(self, stem: str):
+        self.name = f"planted_{stem}"
+        self.path = PLANTED / f"{stem}.cu"
+        super().__init__(128)
+
+    @property
+    def kernel_source(self) -> str:
+        return f'#line 1 "{self.path}"\n{self.path.read_text()}'
+
+
+def run_planted(stem, n_rows=2, n_dim=64, threads=64, shared_mem=0, **options):
+    x = np.arange(n_rows * n_dim, dtype=np.float32).reshape(n_rows, n_dim)
+    out = np.full_like(x, np.nan)
+    launch = emulate.load(Planted(stem), **options)
+    launch((n_rows,), (threads,), (x, out, n_rows, n_dim), shared_mem=shared_mem)
+    return x, out
+
+
+def needs_sanitizer(flavour):
+    try:
+        sanitized._preload(flavour)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"sanitize={flavour!r} unavailable: {exc}")
+
+
+def assert_located(error, stem, lines):
+    assert error.file is not None and error.file.endswith(f"planted/{stem}.cu"), str(error)
+    assert error.line in lines, str(error)
+
+
+# -- the real kernels, against float64 ----------------------------------------------------
+
+def make_inputs(n_rows, n_dim, seed=0):
+    rng = np.random.default_rng(seed)
+    x1 = rng.standard_normal((n_rows, n_dim), dtype=np.float32)
+    x2 = rng.standard_normal((n_rows, n_dim), dtype=np.float32)
+    y = rng.choice(np.array([1, -1, 0], np.float32), n_rows)
+    dy = rng.standard_normal(n_rows, dtype=np.float32)
+    return x1, x2, y, dy
+
+
+def expected(x1, x2, y, dy, margin):
+    """Forward loss and the gradients dx1, dx2, in float64 (the kernels' header formulas)."""
+    a, b = x1.astype(np.float64), x2.astype(np.float64)
+    sq1, sq2, dot = (a * a).sum(1), (b * b).sum(1), (a * b).sum(1)
+    r1, r2 = 1 / np.sqrt(sq1 + 1e-12), 1 / np.sqrt(sq2 + 1e-12)
+    c = dot * r1 * r2
+    loss = np.where(y == 1, 1 - c, np.where(y == -1, np.maximum(0, c - margin), 0))
+    coeff = np.where(y == 1, -dy, np.where((y == -1) & (c > margin), dy, 0))[:, None]
+    dx1 = coeff * (b * r2[:, None] - (c * r1)[:, None] * a) * r1[:, None]
+    dx2 = coeff * (a * r1[:, None] - (c * r2)[:, None] * b) * r2[:, None]
+    return loss, dx1, dx2
+
+
+def assert_close(got, want):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def run_backward(n_rows, n_dim, margin=0.1, **options):
+    kernel = cek.CosineEmbeddingLossBackward.for_n_dim(n_dim)
+    x1, x2, y, dy = make_inputs(n_rows, n_dim)
+    dx1, dx2 = np.full_like(x1, np.nan), np.full_like(x1, np.nan)
+    grid, block, smem = kernel.launch_config(n_rows, n_dim)
+    emulate.load(kernel, **options)(grid, block, (dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin),
+                                    shared_mem=smem)
+    return (x1, x2, y, dy), dx1, dx2
+
+
+@pytest.mark.parametrize("n_rows,n_dim", [(7, 33), (3, 768), (2, 4096)])
+def test_forward_matches_float64(n_rows, n_dim):
+    kernel = cek.CosineEmbeddingLossForward.for_n_dim(n_dim)
+    x1, x2, y, dy = make_inputs(n_rows, n_dim)
+    out = np.full(n_rows, np.nan, np.float32)
+    grid, block, smem = kernel.launch_config(n_rows, n_dim)
+    emulate.load(kernel)(grid, block, (x1, x2, y, out, n_rows, n_dim, 0.1), shared_mem=smem)
+    assert_close(out, expected(x1, x2, y, dy, 0.1)[0])
+
+
+@pytest.mark.parametrize("n_rows,n_dim", [(7, 33), (3, 768), (2, 4096)])
+def test_backward_matches_float64(n_rows, n_dim):
+    inputs, dx1, dx2 = run_backward(n_rows, n_dim)
+    _, want1, want2 = expected(*inputs, 0.1)
+    assert_close(dx1, want1)
+    assert_close(dx2, want2)
+
+
+def test_schedules_give_bitwise_identical_results():
+    _, base1, base2 = run_backward(7, 1000)
+    for schedule in ("reverse", "random:1", "random:2"):
+        _, dx1, dx2 = run_backward(7, 1000, schedule=schedule)
+        assert np.array_equal(dx1, base1) and np.array_equal(dx2, base2), schedule
+
+
+@pytest.mark.parametrize("flavour", ["thread", "address"])
+def test_sanitizers_find_nothing_in_the_backward_kernel(flavour):
+    needs_sanitizer(flavour)
+    inputs, dx1, dx2 = run_backward(3, 129, sanitize=flavour)
+    _, want1, want2 = expected(*inputs, 0.1)
+    assert_close(dx1, want1)  # the outputs come back from the sanitized subprocess
+    assert_close(dx2, want2)
+
+
+# -- the build cache -----------------------------------------------------------------------
+
+def test_cache_dir_is_honoured_and_a_second_load_does_not_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv("CEK_CACHE_DIR", str(tmp_path))
+    kernel = cek.CosineEmbeddingLossForward(32)
+    first = emulate.load(kernel).library
+    assert Path(first).parent == tmp_path / "emulate"
+    build.forget()  # as a new process would: only the disk cache is left
+    before = build.compiles
+    assert emulate.load(kernel).library == first
+    assert build.compiles == before
+
+
+def test_threads_loading_at_once_build_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("CEK_CACHE_DIR", str(tmp_path))
+    kernel = cek.CosineEmbeddingLossForward(64)
+    before = build.compiles
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        paths = set(pool.map(lambda _: emulate.load(kernel).library, range(4)))
+    assert len(paths) == 1
+    assert build.compiles - before == 2  # the runtime object, then the kernel library
+
+
+def test_bad_options_are_rejected():
+    kernel = cek.CosineEmbeddingLossForward(32)
+    with pytest.raises(ValueError, match="schedule"):
+        emulate.load(kernel, schedule="backwards")
+    with pytest.raises(ValueError, match="sanitize"):
+        emulate.load(kernel, sanitize="memory")
+
+
+# -- planted bugs ---------------------------------------------------------------------------
+
+def test_missing_syncthreads_is_a_race_and_gives_wrong_numbers():
+    x, _ = run_planted("missing_syncthreads", threads=128)
+    right = x.sum(axis=1)
+    wrong = []
+    for schedule in ("forward", "reverse", "random:1"):
+        _, out = run_planted("missing_syncthreads", threads=128, schedule=schedule)
+        wrong.append(not np.allclose(out[:, 0], right))
+    assert any(wrong)
+    needs_sanitizer("thread")
+    with pytest.raises(KernelError, match="data race") as caught:
+        run_planted("missing_syncthreads", threads=128, sanitize="thread")
+    assert_located(caught.value, "missing_syncthreads", {11, 14})
+
+
+def test_off_by_one_store_is_out_of_bounds():
+    needs_sanitizer("address")
+    with pytest.raises(KernelError, match="heap-buffer-overflow") as caught:
+        run_planted("off_by_one_store", sanitize="address")
+    assert_located(caught.value, "off_by_one_store", {7})
+
+
+def test_divergent_syncthreads():
+    with pytest.raises(KernelError, match="divergent __syncthreads") as caught:
+        run_planted("divergent_syncthreads")
+    assert_located(caught.value, "divergent_syncthreads", {8, 10})
+
+
+def test_deadlock_is_reported_at_once():
+    emulate.load(Planted("deadlock"))  # build outside the clock
+    start = time.perf_counter()
+    with pytest.raises(KernelError, match="deadlock") as caught:
+        run_planted("deadlock")
+    assert time.perf_counter() - start < 1.0
+    assert_located(caught.value, "deadlock", {9})
+
+
+def test_shuffle_reading_an_exited_lane():
+    with pytest.raises(KernelError, match="has exited") as caught:
+        run_planted("shuffle_exited_lane")
+    assert_located(caught.value, "shuffle_exited_lane", {7})
+
+
+def test_barrier_after_some_threads_exited():
+    with pytest.raises(KernelError, match="already exited") as caught:
+        run_planted("exit_before_barrier", n_dim=40)
+    assert_located(caught.value, "exit_before_barrier", {9})
+
+
+@pytest.mark.parametrize("stem", ["misaligned_float4", "misaligned_ldg"])
+def test_misaligned_float4_load(stem):
+    with pytest.raises(KernelError, match="misaligned") as caught:
+        run_planted(stem)
+    assert_located(caught.value, stem, {6})
+
+
+def test_construct_outside_the_subset_fails_to_compile():
+    with pytest.raises(CompileError, match="__threadfence") as caught:
+        emulate.load(Planted("outside_subset"))
+    assert "outside_subset.cu:7" in str(caught.value)
+
+
+def test_dynamic_shared_memory():
+    x, out = run_planted("dynamic_shared", n_dim=100, shared_mem=400)
+    assert np.array_equal(out, x[:, ::-1])
+
+
+def test_dynamic_shared_memory_past_shared_mem_is_out_of_bounds():
+    needs_sanitizer("address")
+    with pytest.raises(KernelError, match="use-after-poison") as caught:
+        run_planted("dynamic_shared", n_dim=100, shared_mem=200, sanitize="address")
+    assert_located(caught.value, "dynamic_shared", {7})
