@@ -11,26 +11,36 @@ from typing import Callable
 
 import numpy as np
 
-from cek import reference
+from cek import dtypes, reference
 from cek.kernel import Kernel
 
-# Tolerances for float32 kernels against the float64 reference: |got - want| <= atol + rtol*|want|.
-# Sums of up to 16384 float32 products carry a relative error of a few 1e-6 (pairwise-ish: each
-# thread sums 4 products, then a tree), and rsqrtf is accurate to 2 ulp; 1e-4 leaves a 10x margin.
-# Gradients near c = 1 are a difference of two nearly equal terms (p*x2 - q*x1), so their absolute
-# error scales with the largest gradient of the array, not with each element: atol is relative to
-# max|want| of the output.
+# Tolerances against the float64 reference, per (dtype, output kind): an output passes where
+# |got - want| <= rtol*|want| + atol*size. For a loss, size is 1 (c is a cosine, |c| <= 1). For a
+# gradient, size is |p*x2| + |q*x1| (reference.gradient_magnitudes): near c = +-1 the two terms
+# cancel, so the rounding error scales with the terms, not with their difference.
+#   f32: sums of up to 2^20 float products carry a relative error of a few 1e-6 (each thread sums
+#        its chunks, then a tree); rsqrtf is accurate to 2 ulp. 1e-4 / 1e-5 leave a 10x margin.
+#   f64: the same in double, ~1e-15 per operation: 1e-10 leaves room for sums of 2^20 terms.
+#   f16, bf16: sums run in float (the loss is float), but each gradient element is rounded to
+#        the storage type: half an ulp is 2^-11 = 4.9e-4 (f16) and 2^-8 = 3.9e-3 (bf16).
 TOLERANCES = {
-    # output kind: (rtol, atol as a fraction of max|want|)
-    "loss": (1e-4, 1e-5),
-    "grad": (1e-4, 1e-5),
+    ("f32", "loss"): (1e-4, 1e-5),
+    ("f32", "grad"): (1e-4, 1e-5),
+    ("f64", "loss"): (1e-10, 1e-12),
+    ("f64", "grad"): (1e-10, 1e-12),
+    ("f16", "loss"): (1e-4, 1e-5),
+    ("f16", "grad"): (1e-3, 1e-4),
+    ("bf16", "loss"): (1e-4, 1e-5),
+    ("bf16", "grad"): (8e-3, 1e-3),
 }
 
 LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2 are not +-1: loss and gradient 0, as in PyTorch
 
 
-def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True) -> dict:
-    """Random float32 x1, x2, dy and labels cycling through LABELS; row 0 of x1 all zero."""
+def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
+                dtype: str = "f32") -> dict:
+    """Random x1, x2 of `dtype` (bf16: its bits), dy and labels cycling through LABELS in the
+    accumulation type, row 0 of x1 all zero."""
     rng = np.random.default_rng(seed)
     x1 = rng.standard_normal((n_rows, n_dim), dtype=np.float32)
     # x2 correlated with x1, so that c spreads over (-1, 1) and crosses the margins.
@@ -39,24 +49,29 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True) -
     x2 = np.ascontiguousarray(x2, dtype=np.float32)
     if zero_row and n_rows > 1:
         x1[0] = 0.0
-    y = np.array([LABELS[(i + seed) % len(LABELS)] for i in range(n_rows)], dtype=np.float32)
-    dy = rng.uniform(0.5, 2.0, size=n_rows).astype(np.float32)
-    return {"x1": x1, "x2": x2, "y": y, "dy": dy, "scale": 1.0}
+    acc = dtypes.get(dtype).acc
+    y = np.array([LABELS[(i + seed) % len(LABELS)] for i in range(n_rows)], dtype=acc)
+    dy = rng.uniform(0.5, 2.0, size=n_rows).astype(acc)
+    return {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype), "y": y,
+            "dy": dy, "scale": 1.0, "dtype": dtype}
 
 
-def expected(kernel: Kernel, inputs: dict, margin: float) -> dict[str, np.ndarray]:
-    """Float64 reference outputs of `kernel`, by output argument name."""
-    x1, x2, y = inputs["x1"], inputs["x2"], inputs["y"]
-    dy = inputs.get("dy")
-    scale = inputs.get("scale", 1.0)
+def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
+    """Float64 reference outputs of `kernel` by output name, and the size each is judged by."""
+    dtype = inputs.get("dtype", "f32")
+    x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
+    y, dy, scale = inputs["y"], inputs.get("dy"), inputs.get("scale", 1.0)
+    loss = reference.forward(x1, x2, y, margin)
     if kernel.name.endswith("_forward"):
-        return {"out": reference.forward(x1, x2, y, margin)}
-    if kernel.name.endswith("_backward"):
-        dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
-        return {"dx1": dx1, "dx2": dx2}
-    grad = scale * (np.ones(len(y)) if dy is None else dy.astype(np.float64))
-    dx1, dx2 = reference.backward(grad, x1, x2, y, margin)
-    return {"loss": reference.forward(x1, x2, y, margin), "dx1": dx1, "dx2": dx2}
+        return {"out": loss}, {"out": np.ones_like(loss)}
+    if not kernel.name.endswith("_backward"):
+        dy = scale * (np.ones(len(y)) if dy is None else dy.astype(np.float64))
+    dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
+    m1, m2 = reference.gradient_magnitudes(dy, x1, x2, y, margin)
+    want, size = {"dx1": dx1, "dx2": dx2}, {"dx1": m1, "dx2": m2}
+    if not kernel.name.endswith("_backward"):
+        want["loss"], size["loss"] = loss, np.ones_like(loss)
+    return want, size
 
 
 def build_args(kernel: Kernel, inputs: dict, margin: float) -> tuple[tuple, dict]:
@@ -66,7 +81,11 @@ def build_args(kernel: Kernel, inputs: dict, margin: float) -> tuple[tuple, dict
     outputs, args = {}, []
     for spec in kernel.args:
         if spec.output:
-            outputs[spec.name] = np.full([sizes[s] for s in spec.shape], np.nan, np.float32)
+            shape = [sizes[s] for s in spec.shape]
+            if spec.ctype == "T*":
+                outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype)
+            else:
+                outputs[spec.name] = np.full(shape, np.nan, kernel.arg_dtype(spec))
             args.append(outputs[spec.name])
         elif spec.name in sizes:
             args.append(sizes[spec.name])
@@ -94,27 +113,25 @@ def output_kind(name: str) -> str:
     return "grad" if name.startswith("dx") else "loss"
 
 
-def compare(got: dict, want: dict) -> tuple[float, float, list[str]]:
+def compare(got: dict, want: dict, size: dict, dtype: str = "f32") -> tuple[float, float, list[str]]:
     """Max abs and rel error over all outputs, and what failed (empty when all pass)."""
     max_abs = max_rel = 0.0
     failures = []
     for name, ref in want.items():
-        out = got[name].astype(np.float64)
-        rtol, atol_frac = TOLERANCES[output_kind(name)]
-        finite = np.isfinite(ref)
-        scale = float(np.max(np.abs(ref[finite]), initial=0.0))
+        out = dtypes.to_float64(got[name], dtype) if output_kind(name) == "grad" else \
+            np.asarray(got[name], np.float64)
+        rtol, atol = TOLERANCES[dtype, output_kind(name)]
         err = np.abs(out - ref)
-        bad = ~(err <= atol_frac * scale + rtol * np.abs(ref))
+        bad = ~(err <= atol * size[name] + rtol * np.abs(ref))
         bad &= ~(np.isnan(out) & np.isnan(ref))  # a NaN the reference also has is right
+        finite = np.isfinite(ref)
         if finite.any():
             max_abs = max(max_abs, float(np.max(err[finite])))
             max_rel = max(max_rel, float(np.max(err[finite] / np.maximum(np.abs(ref[finite]), 1e-30))))
         if bad.any():
-            where = np.argwhere(bad)[0]
-            failures.append(
-                f"{name}{list(where)}: got {out[tuple(where)]!r}, want {ref[tuple(where)]!r} "
-                f"({int(bad.sum())} bad of {bad.size})"
-            )
+            where = tuple(np.argwhere(bad)[0])
+            failures.append(f"{name}{list(map(int, where))}: got {out[where]!r}, want {ref[where]!r} "
+                            f"({int(bad.sum())} bad of {bad.size})")
     return max_abs, max_rel, failures
 
 
@@ -123,7 +140,8 @@ def run_case(kernel: Kernel, launch: Callable, device: str, inputs: dict, margin
     n_rows, n_dim = inputs["x1"].shape
     args, outputs = build_args(kernel, inputs, margin)
     launch(kernel, args)
-    max_abs, max_rel, failures = compare(outputs, expected(kernel, inputs, margin))
+    want, size = expected(kernel, inputs, margin)
+    max_abs, max_rel, failures = compare(outputs, want, size, kernel.dtype)
     return CaseResult(kernel.id, device, n_rows, n_dim, margin, max_abs, max_rel, not failures,
                       "; ".join(failures))
 

@@ -13,9 +13,11 @@ from pathlib import Path
 import click
 
 import cek
+from cek.dtypes import DTYPES
 from cek.kernel import Kernel, kernel_classes
 
 KERNEL_NAMES = list(kernel_classes())
+DTYPE_NAMES = list(DTYPES)
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -26,14 +28,14 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _pick_kernel(name: str, n_dim: int | None, block_size: int | None) -> Kernel:
+def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: str = "f32") -> Kernel:
     if n_dim is not None and block_size is not None:
         raise click.UsageError("give --n-dim or --block-size, not both")
     cls = kernel_classes()[name]
     try:
         if block_size is not None:
-            return cls(block_size)
-        return cls.for_n_dim(768 if n_dim is None else n_dim)
+            return cls(block_size, dtype)
+        return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -43,6 +45,8 @@ kernel_option = click.option(
     show_default=True, help="Which kernel.",
 )
 n_dim_option = click.option("--n-dim", type=int, help="Row width; BLOCK_SIZE = next power of two.")
+dtype_option = click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="f32",
+                            show_default=True, help="Element type of x1, x2, dx1, dx2.")
 block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
 
 
@@ -71,9 +75,11 @@ def list_kernels(as_json: bool) -> None:
         rows.append({
             "kernel": short,
             "name": cls.name,
-            "id": f"{cls.name}__{cls.dtype}__<BLOCK_SIZE>",
+            "id": f"{cls.name}__<{'|'.join(DTYPE_NAMES)}>__<BLOCK_SIZE>",
             "block_sizes": f"1..{cls.max_block_size} (powers of two)",
-            "args": ", ".join(a.declaration() for a in cls.args),
+            "args": ", ".join(f"{a.ctype} {a.name}" for a in cls.args),
+            "types": "T, A = float, float (f32); double, double (f64); cek_f16, float (f16); "
+                     "cek_bf16, float (bf16)",
             "launch": cls.launch_contract,
         })
     if as_json:
@@ -81,7 +87,7 @@ def list_kernels(as_json: bool) -> None:
         return
     for row in rows:
         click.echo(f"{row['kernel']}: {row['name']}")
-        for key in ("id", "block_sizes", "args", "launch"):
+        for key in ("id", "block_sizes", "args", "types", "launch"):
             click.echo(f"  {key:<12}{row[key]}")
 
 
@@ -89,17 +95,18 @@ def list_kernels(as_json: bool) -> None:
 @kernel_option
 @n_dim_option
 @block_size_option
+@dtype_option
 @click.option("--part", type=click.Choice(["kernel", "entry", "all"]), default="all",
               show_default=True, help="The template, the generated entry point, or both.")
 @click.option("--line-numbers", is_flag=True, help="Number the lines.")
-def dump_source(kernel_name, n_dim, block_size, part, line_numbers) -> None:
+def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> None:
     """Print exactly the source that is compiled (default: backward, --n-dim 768).
 
     \b
     Example:
       cek dump-source --kernel fused --n-dim 4096 --part entry
     """
-    kernel = _pick_kernel(kernel_name, n_dim, block_size)
+    kernel = _pick_kernel(kernel_name, n_dim, block_size, dtype)
     text = {"kernel": kernel.kernel_source, "entry": kernel.entry_point_source,
             "all": kernel.source}[part]
     if line_numbers:
@@ -115,12 +122,14 @@ def dump_source(kernel_name, n_dim, block_size, part, line_numbers) -> None:
 @n_dim_option
 @block_size_option
 @click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
+@click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]), multiple=True,
+              default=["f32"], show_default=True, help="Element types (repeatable, or all).")
 @click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write <id>.ptx and <id>.cubin here.")
 @click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
-def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, arch, out_dir,
-                    as_json) -> None:
+def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
+                    out_dir, as_json) -> None:
     """Compile kernels with NVRTC; needs no GPU. Reports registers, spills, shared memory.
 
     \b
@@ -135,12 +144,15 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, arch
     if all_sizes and (n_dim is not None or block_size is not None):
         raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
     names = KERNEL_NAMES if all_kernels else [kernel_name or "backward"]
+    types = DTYPE_NAMES if "all" in dtype_names else list(dict.fromkeys(dtype_names))
     kernels = []
     for name in names:
-        if all_sizes:
-            kernels += [kernel_classes()[name](b) for b in kernel_classes()[name].block_sizes()]
-        else:
-            kernels.append(_pick_kernel(name, n_dim, block_size))
+        cls = kernel_classes()[name]
+        for dtype in types:
+            if all_sizes:
+                kernels += [cls(b, dtype) for b in cls.block_sizes()]
+            else:
+                kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)
@@ -172,10 +184,12 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, arch
 @click.option("--n-dim", "n_dims", type=int, multiple=True,
               help="Row widths (repeatable; default 1 33 768 769 4096).")
 @click.option("--n-rows", type=int, default=7, show_default=True)
+@click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]), multiple=True,
+              default=["f32"], show_default=True, help="Element types (repeatable, or all).")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
               help="Emulator only: run under ThreadSanitizer or AddressSanitizer.")
 @click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
-def check_command(device, kernel_names, n_dims, n_rows, sanitize, as_json) -> None:
+def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, as_json) -> None:
     """Run kernels against the float64 reference; exit 1 on any mismatch.
 
     \b
@@ -199,15 +213,19 @@ def check_command(device, kernel_names, n_dims, n_rows, sanitize, as_json) -> No
     else:
         launch = check.emulator_launcher(sanitize=sanitize)
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
+    types = DTYPE_NAMES if "all" in dtype_names else list(dict.fromkeys(dtype_names))
+    cases = [(_pick_kernel(name, d, None, dtype), d) for name in kernel_names or KERNEL_NAMES
+             for dtype in types for d in n_dims or (1, 33, 768, 769, 4096)]
     rows = []
-    for name in kernel_names or KERNEL_NAMES:
-        for d in n_dims or (1, 33, 768, 769, 4096):
-            kernel = _pick_kernel(name, d, None)
-            for margin in (-0.5, 0.0, 0.5):
-                click.echo(f"checking {kernel.id} on {label}: {n_rows}x{d}, margin {margin}",
-                           err=True)
-                result = check.run_case(kernel, launch, label, check.make_inputs(n_rows, d), margin)
-                rows.append(vars(result))
+    for kernel, d in cases:
+        for margin in (-0.5, 0.0, 0.5):
+            click.echo(f"checking {kernel.id} on {label}: {n_rows}x{d}, margin {margin}", err=True)
+            inputs = check.make_inputs(n_rows, d, dtype=kernel.dtype)
+            try:
+                result = check.run_case(kernel, launch, label, inputs, margin)
+            except RuntimeError as exc:  # a KernelError from the emulator, a CUDA error
+                raise click.ClickException(f"{kernel.id} {n_rows}x{d}: {exc}") from exc
+            rows.append(vars(result))
     failed = [r for r in rows if not r["passed"]]
     if as_json:
         click.echo(json.dumps(rows, indent=2))

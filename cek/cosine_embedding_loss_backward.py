@@ -11,18 +11,18 @@ class CosineEmbeddingLossBackward(Kernel):
 
     name = "cosine_embedding_loss_backward"
     args = (
-        Arg("dy", "float*", ROW),
-        Arg("x1", "float*", MATRIX),
-        Arg("x2", "float*", MATRIX),
-        Arg("y", "float*", ROW),
-        Arg("dx1", "float*", MATRIX, output=True),
-        Arg("dx2", "float*", MATRIX, output=True),
+        Arg("dy", "A*", ROW),
+        Arg("x1", "T*", MATRIX),
+        Arg("x2", "T*", MATRIX),
+        Arg("y", "A*", ROW),
+        Arg("dx1", "T*", MATRIX, output=True),
+        Arg("dx2", "T*", MATRIX, output=True),
         Arg("n_rows", "int"),
         Arg("n_dim", "int"),
-        Arg("margin", "float"),
+        Arg("margin", "A"),
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         # Header of the .cu: x1, x2 read and dx1, dx2 written once, plus dy and y; a streamed
         # row is read twice.
-        return (24 if self.streamed else 16) * n_rows * n_dim + 8 * n_rows
+        return self._io_bytes(n_rows, n_dim, 6 if self.streamed else 4, 2)

@@ -9,15 +9,15 @@ class CosineEmbeddingLossForward(Kernel):
 
     name = "cosine_embedding_loss_forward"
     args = (
-        Arg("x1", "float*", MATRIX),
-        Arg("x2", "float*", MATRIX),
-        Arg("y", "float*", ROW),
-        Arg("out", "float*", ROW, output=True),
+        Arg("x1", "T*", MATRIX),
+        Arg("x2", "T*", MATRIX),
+        Arg("y", "A*", ROW),
+        Arg("out", "A*", ROW, output=True),
         Arg("n_rows", "int"),
         Arg("n_dim", "int"),
-        Arg("margin", "float"),
+        Arg("margin", "A"),
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         # Header of the .cu: x1, x2 read once, y read and out written.
-        return 8 * n_rows * n_dim + 8 * n_rows
+        return self._io_bytes(n_rows, n_dim, 2, 2)

@@ -17,20 +17,22 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from cek import dtypes
 from cek.sources import load_kernel_source
 
 # Mirrors of the constants in kernels/cek_row.cuh.
 WARP = 32
 MAX_THREADS = 1024
-MAX_REGISTER_BLOCK = 16384  # above this a row is streamed by 1024 threads
-
-_NUMPY_TYPES = {"float*": np.float32, "int": np.int32, "float": np.float32}
+MAX_GROUPED_CHUNKS = 64  # the fused kernel's row groups
+GROUPED_THREADS = 256
 
 
 @dataclass(frozen=True)
 class Arg:
     """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
 
+    `ctype` is "int", or written in the kernel's element type T and accumulation type A
+    ("T*", "A*", "A"); `Kernel.c_type` and `Kernel.arg_dtype` resolve them for one dtype.
     `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
     An `optional` pointer may be None, which the kernel sees as nullptr.
     """
@@ -45,21 +47,9 @@ class Arg:
     def is_pointer(self) -> bool:
         return self.ctype.endswith("*")
 
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(_NUMPY_TYPES[self.ctype])
-
-    def declaration(self) -> str:
-        return f"{self.ctype} {self.name}"
-
 
 def next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def chunks_per_thread(block_size: int) -> int:
-    """Mirror of CekTiling::CHUNKS in kernels/cek_row.cuh: float4 chunks each thread holds."""
-    return max(1, block_size // (4 * MAX_THREADS))
 
 
 def _is_int(value: Any) -> bool:
@@ -71,16 +61,17 @@ class Kernel:
 
     name: ClassVar[str]
     args: ClassVar[tuple[Arg, ...]]
-    dtype: ClassVar[str] = "f32"
     max_block_size: ClassVar[int] = 1 << 20
     max_threads: ClassVar[int] = MAX_THREADS
     launch_contract: ClassVar[str] = (
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
-        "threads = smallest multiple of 32 with threads * 4 * max(1, BLOCK_SIZE/4096) >= n_dim, "
-        "1024 above BLOCK_SIZE 16384 (the row is streamed)"
+        "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
+        "with threads * VEC * max(1, BLOCK_SIZE/VEC/1024) >= n_dim, 1024 above 4096 chunks "
+        "per row (the row is streamed)"
     )
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, dtype: str = "f32"):
+        self.dtype = dtypes.get(dtype).name
         if not _is_int(block_size):
             raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
         block_size = int(block_size)
@@ -92,13 +83,13 @@ class Kernel:
         self.block_size = block_size
 
     @classmethod
-    def for_n_dim(cls, n_dim: int) -> "Kernel":
+    def for_n_dim(cls, n_dim: int, dtype: str = "f32") -> "Kernel":
         """The instance whose BLOCK_SIZE fits rows of n_dim elements."""
         if not _is_int(n_dim) or n_dim < 1:
             raise ValueError(f"n_dim must be a positive int, got {n_dim!r}")
         if n_dim > cls.max_block_size:
             raise ValueError(f"n_dim must be at most {cls.max_block_size}, got {n_dim}")
-        return cls(next_power_of_two(n_dim))
+        return cls(next_power_of_two(n_dim), dtype)
 
     @classmethod
     def block_sizes(cls) -> list[int]:
@@ -117,14 +108,29 @@ class Kernel:
 
     @property
     def entry_point_source(self) -> str:
-        params = ", ".join(a.declaration() for a in self.args)
+        params = ", ".join(f"{self.c_type(a)} {a.name}" for a in self.args)
         names = ", ".join(a.name for a in self.args)
+        element = "" if self.dtype == "f32" else f", {dtypes.get(self.dtype).c_type}"
         return (
             f'extern "C" __global__ void __launch_bounds__({self.max_threads}) '
             f"{self.entry_point_name()}({params}) {{\n"
-            f"    {self.name}<{self.block_size}>({names});\n"
+            f"    {self.name}<{self.block_size}{element}>({names});\n"
             f"}}\n"
         )
+
+    def c_type(self, arg: Arg) -> str:
+        """The C type of `arg` for this kernel's dtype (T the element, A the accumulator)."""
+        d = dtypes.get(self.dtype)
+        if arg.ctype == "int":
+            return "int"
+        return arg.ctype.replace("T", d.c_type).replace("A", d.acc_c_type)
+
+    def arg_dtype(self, arg: Arg) -> np.dtype:
+        """The NumPy dtype of `arg` (for a pointer: of the array it points to)."""
+        d = dtypes.get(self.dtype)
+        if arg.ctype == "int":
+            return np.dtype(np.int32)
+        return d.array if arg.ctype.startswith("T") else d.acc
 
     @property
     def source(self) -> str:
@@ -138,13 +144,14 @@ class Kernel:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.block_size})"
+        return f"{type(self).__name__}({self.block_size}, {self.dtype!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.block_size == self.block_size
+        return type(other) is type(self) and (other.block_size, other.dtype) == (
+            self.block_size, self.dtype)
 
     def __hash__(self) -> int:
-        return hash((type(self), self.block_size))
+        return hash((type(self), self.block_size, self.dtype))
 
     def compile(self, arch: str = "sm_90", options: tuple[str, ...] = ()):
         """PTX, CUBIN and ptxas's resource report, without a GPU (see cek.compile)."""
@@ -157,16 +164,38 @@ class Kernel:
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         raise NotImplementedError
 
+    # -- tiling: mirrors CekTiling in kernels/cek_row.cuh ----------------------------------
+
+    @property
+    def vec(self) -> int:
+        """Elements per 16-byte chunk."""
+        return dtypes.get(self.dtype).vec
+
+    @property
+    def row_chunks(self) -> int:
+        return max(1, self.block_size // self.vec)
+
     @property
     def streamed(self) -> bool:
-        """True when a row is too wide for registers and 1024 threads loop over it."""
-        return self.block_size > MAX_REGISTER_BLOCK
+        """True when a row is too wide for registers and 1024 threads loop over it: above 4096
+        chunks per row, 2048 for 2-byte types (16384 elements; 8192 doubles)."""
+        max_chunks = 4096 if dtypes.get(self.dtype).array.itemsize >= 4 else 2048
+        return self.row_chunks > max_chunks
+
+    @property
+    def chunks_per_thread(self) -> int:
+        return 1 if self.streamed else max(1, self.row_chunks // MAX_THREADS)
 
     def threads(self, n_dim: int) -> int:
         if self.streamed:
             return MAX_THREADS
-        per_thread = 4 * chunks_per_thread(self.block_size)
+        per_thread = self.vec * self.chunks_per_thread
         return WARP * math.ceil(math.ceil(n_dim / per_thread) / WARP)
+
+    def _io_bytes(self, n_rows: int, n_dim: int, matrices: int, rows: int) -> int:
+        """Bytes of `matrices` [N, D] arrays of T and `rows` [N] arrays of the accumulator."""
+        d = dtypes.get(self.dtype)
+        return matrices * d.array.itemsize * n_rows * n_dim + rows * d.acc.itemsize * n_rows
 
     def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
         """(grid, block, shared_mem_bytes) for a problem of n_rows x n_dim."""
@@ -205,7 +234,7 @@ class Kernel:
                 value, (bool, np.bool_)
             ):
                 raise TypeError(f"{spec.name} must be a float, got {type(value).__name__}")
-            cast[spec.name] = spec.dtype.type(value)
+            cast[spec.name] = self.arg_dtype(spec).type(value)
         for spec, value in zip(self.args, args):
             if not spec.is_pointer:
                 continue
@@ -215,8 +244,10 @@ class Kernel:
             if not isinstance(value, array_types):
                 want = " or ".join(f"{t.__module__}.{t.__name__}" for t in array_types)
                 raise TypeError(f"{spec.name} must be a {want}, got {type(value).__name__}")
-            if value.dtype != spec.dtype:
-                raise TypeError(f"{spec.name} must be {spec.dtype}, got {value.dtype}")
+            if value.dtype != self.arg_dtype(spec):
+                want = self.arg_dtype(spec)
+                bits = " (bfloat16 bits)" if self.dtype == "bf16" and spec.ctype == "T*" else ""
+                raise TypeError(f"{spec.name} must be {want}{bits}, got {value.dtype}")
             shape = tuple(int(cast[s]) for s in spec.shape)
             if tuple(value.shape) != shape:
                 dims = ", ".join(spec.shape)

@@ -56,3 +56,20 @@ def backward(dy, x1, x2, y, margin: float = 0.0) -> tuple[np.ndarray, np.ndarray
         dx1 = coeff * (x2 * r2 - c * x1 * r1) * r1
         dx2 = coeff * (x1 * r1 - c * x2 * r2) * r2
     return dx1, dx2
+
+
+def gradient_magnitudes(dy, x1, x2, y, margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Size of the two terms each gradient element is the difference of.
+
+    dx1 = p*x2 - q1*x1 with p = coeff*r1*r2, q1 = coeff*c*r1^2 (and dx2 alike): near c = +-1 the
+    terms cancel, so a float32 result is accurate relative to |p*x2| + |q1*x1|, not to |dx1|.
+    Tolerances on gradients are taken relative to these.
+    """
+    x1, x2, y = _rows(x1, x2, y)
+    dy = np.broadcast_to(np.asarray(dy, dtype=np.float64), y.shape)
+    c, r1, r2 = cosine(x1, x2)
+    with np.errstate(invalid="ignore"):
+        coeff = np.abs(np.where(y == 1, -dy, np.where((y == -1) & (c > margin), dy, 0.0)))
+    p, q1, q2 = (v[:, None] for v in (coeff * r1 * r2, coeff * np.abs(c) * r1 * r1,
+                                      coeff * np.abs(c) * r2 * r2))
+    return p * np.abs(x2) + q1 * np.abs(x1), p * np.abs(x1) + q2 * np.abs(x2)

@@ -2,40 +2,58 @@
 // kernels. The loader inlines this file into each kernel's source, so a change here changes
 // every kernel's cache key.
 //
-// Tiling. A row of n_dim floats is cut into chunks of 4 consecutive elements (chunk j covers
-// [4j, 4j + 4)). The threads that own a row ("lanes") take chunks lane, lane + lanes, ...
-// Three paths, fixed at compile time by BLOCK_SIZE = next_power_of_two(n_dim):
-//   * register path, BLOCK_SIZE <= 16384: one block per row, each thread holds CHUNKS =
-//     max(1, BLOCK_SIZE / 4096) chunks in registers between the reduction and the gradient
+// Tiling. A row of n_dim elements of type T is cut into 16-byte chunks of VEC = 16 / sizeof(T)
+// elements (chunk j covers [j*VEC, (j+1)*VEC)). The threads that own a row ("lanes") take chunks
+// lane, lane + lanes, ... Three paths, fixed at compile time by BLOCK_SIZE =
+// next_power_of_two(n_dim) and T, with ROW_CHUNKS = max(1, BLOCK_SIZE / VEC):
+//   * register path, ROW_CHUNKS <= 4096 (2048 for 2-byte T, whose conversions need registers
+//     too; either way rows of up to 16384 elements, 8192 doubles): one block per row; each
+//     thread holds CHUNKS =
+//     max(1, ROW_CHUNKS / 1024) chunks in registers between the reduction and the gradient
 //     write, so x1 and x2 are read once. blockDim.x is the launcher's choice: the smallest
-//     multiple of 32 with blockDim.x * CHUNKS * 4 >= n_dim (a 768-wide row runs 192 threads).
-//   * streamed path, BLOCK_SIZE > 16384: a row no longer fits in the 64 registers a thread may
+//     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads).
+//   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
-//   * row groups (the fused kernel, BLOCK_SIZE <= 256): GROUP = min(32, BLOCK_SIZE / 4) lanes of
-//     one warp own a row, 256 threads a block, so a block holds 256 / GROUP rows and the
-//     reduction is warp shuffles only.
+//   * row groups (the fused kernel, ROW_CHUNKS <= 64): GROUP = min(32, ROW_CHUNKS) lanes of one
+//     warp own a row, 256 threads a block, so a block holds 256 / GROUP rows and the reduction
+//     is warp shuffles only.
 #pragma once
 
-#define CEK_EPS 1e-12f  // PyTorch's EPSILON, added to each squared norm
+#include "cek_types.cuh"
+
+#define CEK_EPS 1e-12  // PyTorch's EPSILON, added to each squared norm
 
 constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
-constexpr int CEK_MAX_REGISTER_BLOCK = 16384;
+constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 constexpr int CEK_MAX_BLOCK_SIZE = 1 << 20;
-constexpr int CEK_MAX_GROUPED_BLOCK = 256;
-constexpr int CEK_GROUPED_THREADS = 256;
 
-template <int BLOCK_SIZE>
+template <int BLOCK_SIZE, typename T>
 struct CekTiling {
     static_assert(BLOCK_SIZE >= 1 && (BLOCK_SIZE & (BLOCK_SIZE - 1)) == 0,
                   "BLOCK_SIZE must be a power of two");
     static_assert(BLOCK_SIZE <= CEK_MAX_BLOCK_SIZE, "BLOCK_SIZE must be at most 2^20");
-    static constexpr bool STREAMED = BLOCK_SIZE > CEK_MAX_REGISTER_BLOCK;
+    static constexpr int VEC = CekVec<T>::N;
+    static constexpr int ROW_CHUNKS = BLOCK_SIZE / VEC > 1 ? BLOCK_SIZE / VEC : 1;
+    static constexpr int MAX_REGISTER_CHUNKS = sizeof(T) >= 4 ? 4096 : 2048;
+    static constexpr bool STREAMED = ROW_CHUNKS > MAX_REGISTER_CHUNKS;
+    static constexpr bool GROUPED = ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS;
     static constexpr int CHUNKS =
-        BLOCK_SIZE / (4 * CEK_MAX_THREADS) > 1 && !STREAMED ? BLOCK_SIZE / (4 * CEK_MAX_THREADS) : 1;
-    // Row groups: lanes per row, and chunks per lane.
-    static constexpr int GROUP = BLOCK_SIZE / 4 < 1 ? 1 : (BLOCK_SIZE / 4 > 32 ? 32 : BLOCK_SIZE / 4);
-    static constexpr int GROUP_CHUNKS = BLOCK_SIZE / 4 / GROUP < 1 ? 1 : BLOCK_SIZE / 4 / GROUP;
+        ROW_CHUNKS / CEK_MAX_THREADS > 1 && !STREAMED ? ROW_CHUNKS / CEK_MAX_THREADS : 1;
+    static constexpr int GROUP = ROW_CHUNKS > CEK_WARP ? CEK_WARP : ROW_CHUNKS;
+    static constexpr int GROUP_CHUNKS = ROW_CHUNKS / GROUP;
+};
+
+// 16 bytes of a row: VEC elements, moved as one 128-bit access when aligned.
+template <typename T>
+struct alignas(16) CekChunk {
+    T v[CekVec<T>::N];
+};
+
+// Squared norms and dot product, in the accumulation type.
+template <typename Acc>
+struct CekSums {
+    Acc sq1, sq2, dot;
 };
 
 __device__ __forceinline__ bool cek_aligned16(const void* p) {
@@ -43,94 +61,116 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
 }
 
 // 128-bit accesses need every row start 16-byte aligned: true for all rows exactly when the base
-// pointers are and n_dim % 4 == 0. A view with an offset fails this and takes the scalar path.
+// pointers are and n_dim is a whole number of chunks. A view with an offset fails this and takes
+// the scalar path.
+template <typename T>
 __device__ __forceinline__ bool cek_vectorizable(int n_dim, const void* a, const void* b,
                                                  const void* c, const void* d) {
-    return n_dim % 4 == 0 && cek_aligned16(a) && cek_aligned16(b) && cek_aligned16(c) &&
-           cek_aligned16(d);
+    return n_dim % CekVec<T>::N == 0 && cek_aligned16(a) && cek_aligned16(b) &&
+           cek_aligned16(c) && cek_aligned16(d);
 }
 
 // Elements past n_dim load as 0, which adds nothing to the sums.
-__device__ __forceinline__ float4 cek_load_chunk(const float* __restrict__ row, int chunk,
-                                                 int n_dim, bool vec) {
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    const int k = chunk * 4;
-    if (k >= n_dim) return v;
-    if (vec) return __ldg(reinterpret_cast<const float4*>(row) + chunk);
-    v.x = __ldg(row + k);
-    if (k + 1 < n_dim) v.y = __ldg(row + k + 1);
-    if (k + 2 < n_dim) v.z = __ldg(row + k + 2);
-    if (k + 3 < n_dim) v.w = __ldg(row + k + 3);
-    return v;
+template <typename T>
+__device__ __forceinline__ CekChunk<T> cek_load_chunk(const T* __restrict__ row, int chunk,
+                                                      int n_dim, bool vec) {
+    constexpr int VEC = CekVec<T>::N;
+    union {
+        int4 raw;
+        CekChunk<T> chunk;
+    } u;
+    u.raw = make_int4(0, 0, 0, 0);
+    const int k = chunk * VEC;
+    if (k >= n_dim) return u.chunk;
+    if (vec) {
+        u.raw = __ldg(reinterpret_cast<const int4*>(row) + chunk);
+        return u.chunk;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+        if (k + i < n_dim) u.chunk.v[i] = row[k + i];
+    return u.chunk;
 }
 
-__device__ __forceinline__ void cek_store_chunk(float* __restrict__ row, int chunk, int n_dim,
-                                                bool vec, float4 v) {
-    const int k = chunk * 4;
+template <typename T>
+__device__ __forceinline__ void cek_store_chunk(T* __restrict__ row, int chunk, int n_dim,
+                                                bool vec, const CekChunk<T>& c) {
+    constexpr int VEC = CekVec<T>::N;
+    const int k = chunk * VEC;
     if (k >= n_dim) return;
     if (vec) {
-        reinterpret_cast<float4*>(row)[chunk] = v;
+        union {
+            int4 raw;
+            CekChunk<T> chunk;
+        } u;
+        u.chunk = c;
+        reinterpret_cast<int4*>(row)[chunk] = u.raw;
         return;
     }
-    row[k] = v.x;
-    if (k + 1 < n_dim) row[k + 1] = v.y;
-    if (k + 2 < n_dim) row[k + 2] = v.z;
-    if (k + 3 < n_dim) row[k + 3] = v.w;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+        if (k + i < n_dim) row[k + i] = c.v[i];
 }
 
-// Sums over the first GROUP lanes of each aligned group of a warp. Every lane of the warp must
-// call it (full mask): lanes of rows past n_rows take part with zeros.
-template <int GROUP>
-__device__ __forceinline__ float3 cek_group_sum3(float3 v) {
+// Sums over each aligned group of GROUP lanes of a warp. Every lane of the warp must call it
+// (full mask): lanes of rows past n_rows take part with zeros.
+template <int GROUP, typename Acc>
+__device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
     for (int offset = GROUP / 2; offset > 0; offset >>= 1) {
-        v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
-        v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
-        v.z += __shfl_xor_sync(0xffffffffu, v.z, offset);
+        v.sq1 += __shfl_xor_sync(0xffffffffu, v.sq1, offset);
+        v.sq2 += __shfl_xor_sync(0xffffffffu, v.sq2, offset);
+        v.dot += __shfl_xor_sync(0xffffffffu, v.dot, offset);
     }
     return v;
 }
 
-// Sums (x, y, z) over the block and gives every thread the totals. One barrier: each warp
-// publishes its partials and every thread adds all of them itself (at most 32 broadcast reads
-// from shared memory), which costs less than a second barrier to broadcast one total. The
-// summation order is fixed, so results are bitwise reproducible. Call once per kernel: the
-// shared array is not protected against reuse.
-__device__ __forceinline__ float3 cek_block_sum3(float3 v) {
-    v = cek_group_sum3<CEK_WARP>(v);
+// Sums over the block and gives every thread the totals. One barrier: each warp publishes its
+// partials and every thread adds all of them itself (at most 32 broadcast reads from shared
+// memory), which costs less than a second barrier to broadcast one total. The summation order
+// is fixed, so results are bitwise reproducible. Call once per kernel: the shared array is not
+// protected against reuse.
+template <typename Acc>
+__device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
+    v = cek_group_sum<CEK_WARP>(v);
     const int n_warps = blockDim.x / CEK_WARP;
     if (n_warps == 1) return v;
-    __shared__ float3 partial[CEK_MAX_THREADS / CEK_WARP];
+    __shared__ CekSums<Acc> partial[CEK_MAX_THREADS / CEK_WARP];
     if (threadIdx.x % CEK_WARP == 0) partial[threadIdx.x / CEK_WARP] = v;
     __syncthreads();
-    float3 total = make_float3(0.f, 0.f, 0.f);
+    CekSums<Acc> total = {0, 0, 0};
     for (int w = 0; w < n_warps; ++w) {
-        total.x += partial[w].x;
-        total.y += partial[w].y;
-        total.z += partial[w].z;
+        total.sq1 += partial[w].sq1;
+        total.sq2 += partial[w].sq2;
+        total.dot += partial[w].dot;
     }
     return total;
 }
 
-__device__ __forceinline__ void cek_accumulate(float3& s, float4 a, float4 b) {
-    s.x += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-    s.y += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-    s.z += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+template <typename T>
+__device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekChunk<T>& a,
+                                               const CekChunk<T>& b) {
+#pragma unroll
+    for (int i = 0; i < CekVec<T>::N; ++i) {
+        const CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        s.sq1 += x * x;
+        s.sq2 += z * z;
+        s.dot += x * z;
+    }
 }
 
-// One row of x1 and x2 held in registers: this lane's CHUNKS chunks.
-template <int CHUNKS>
+// One row of x1 and x2 held in registers: this lane's CHUNKS chunks, in storage type.
+template <int CHUNKS, typename T>
 struct CekRowPair {
-    float4 a[CHUNKS];  // x1
-    float4 b[CHUNKS];  // x2
+    CekChunk<T> a[CHUNKS];  // x1
+    CekChunk<T> b[CHUNKS];  // x2
 };
 
-// Loads this lane's chunks of a row and returns its partial (sq1, sq2, dot).
-template <int CHUNKS>
-__device__ __forceinline__ float3 cek_load_row_pair(CekRowPair<CHUNKS>& rp,
-                                                    const float* __restrict__ x1,
-                                                    const float* __restrict__ x2, int n_dim,
-                                                    bool vec, int lane, int lanes) {
-    float3 s = make_float3(0.f, 0.f, 0.f);
+// Loads this lane's chunks of a row and returns its partial sums.
+template <int CHUNKS, typename T>
+__device__ __forceinline__ CekSums<CekAcc<T>> cek_load_row_pair(
+    CekRowPair<CHUNKS, T>& rp, const T* __restrict__ x1, const T* __restrict__ x2, int n_dim,
+    bool vec, int lane, int lanes) {
+    CekSums<CekAcc<T>> s = {0, 0, 0};
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) {
         const int chunk = lane + i * lanes;
@@ -142,70 +182,81 @@ __device__ __forceinline__ float3 cek_load_row_pair(CekRowPair<CHUNKS>& rp,
 }
 
 // The streamed path's partial sums: the block loops over the row.
-__device__ __forceinline__ float3 cek_stream_row_sums(const float* __restrict__ x1,
-                                                      const float* __restrict__ x2, int n_dim,
-                                                      bool vec) {
-    float3 s = make_float3(0.f, 0.f, 0.f);
-    const int n_chunks = (n_dim + 3) / 4;
+template <typename T>
+__device__ __forceinline__ CekSums<CekAcc<T>> cek_stream_row_sums(const T* __restrict__ x1,
+                                                                   const T* __restrict__ x2,
+                                                                   int n_dim, bool vec) {
+    CekSums<CekAcc<T>> s = {0, 0, 0};
+    const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
         cek_accumulate(s, cek_load_chunk(x1, chunk, n_dim, vec), cek_load_chunk(x2, chunk, n_dim, vec));
     return s;
 }
 
-// c, r1, r2 of a row from its (sq1, sq2, dot).
+// c, r1, r2 of a row from its sums.
+template <typename Acc>
 struct CekCosine {
-    float c, r1, r2;
+    Acc c, r1, r2;
 };
 
-__device__ __forceinline__ CekCosine cek_cosine(float3 s) {
-    CekCosine k;
-    k.r1 = rsqrtf(s.x + CEK_EPS);
-    k.r2 = rsqrtf(s.y + CEK_EPS);
-    k.c = s.z * k.r1 * k.r2;
+template <typename Acc>
+__device__ __forceinline__ CekCosine<Acc> cek_cosine(CekSums<Acc> s) {
+    CekCosine<Acc> k;
+    k.r1 = cek_rsqrt(s.sq1 + Acc(CEK_EPS));
+    k.r2 = cek_rsqrt(s.sq2 + Acc(CEK_EPS));
+    k.c = s.dot * k.r1 * k.r2;
     return k;
 }
 
 // dx1 = coeff*(x2*r2 - c*x1*r1)*r1 and dx2 = coeff*(x1*r1 - c*x2*r2)*r2 for one chunk, expanded
 // as p*x2 - q1*x1 and p*x1 - q2*x2 (fewer multiplies per element). With coeff == 0 every element
 // is still written: 0 for finite inputs, NaN where the row has a NaN.
+template <typename Acc>
 struct CekGradient {
-    float p, q1, q2;
+    Acc p, q1, q2;
 };
 
-__device__ __forceinline__ CekGradient cek_gradient(CekCosine k, float coeff) {
+template <typename Acc>
+__device__ __forceinline__ CekGradient<Acc> cek_gradient(CekCosine<Acc> k, Acc coeff) {
     return {coeff * k.r1 * k.r2, coeff * k.c * k.r1 * k.r1, coeff * k.c * k.r2 * k.r2};
 }
 
-__device__ __forceinline__ void cek_store_chunk_gradients(float* __restrict__ dx1,
-                                                          float* __restrict__ dx2, int chunk,
-                                                          int n_dim, bool vec, CekGradient g,
-                                                          float4 a, float4 b) {
-    cek_store_chunk(dx1, chunk, n_dim, vec,
-                    make_float4(g.p * b.x - g.q1 * a.x, g.p * b.y - g.q1 * a.y,
-                                g.p * b.z - g.q1 * a.z, g.p * b.w - g.q1 * a.w));
-    cek_store_chunk(dx2, chunk, n_dim, vec,
-                    make_float4(g.p * a.x - g.q2 * b.x, g.p * a.y - g.q2 * b.y,
-                                g.p * a.z - g.q2 * b.z, g.p * a.w - g.q2 * b.w));
+template <typename T>
+__device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
+                                                          T* __restrict__ dx2, int chunk,
+                                                          int n_dim, bool vec,
+                                                          CekGradient<CekAcc<T>> g,
+                                                          const CekChunk<T>& a,
+                                                          const CekChunk<T>& b) {
+    CekChunk<T> d1, d2;
+#pragma unroll
+    for (int i = 0; i < CekVec<T>::N; ++i) {
+        const CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        d1.v[i] = CekType<T>::from_acc(g.p * z - g.q1 * x);
+        d2.v[i] = CekType<T>::from_acc(g.p * x - g.q2 * z);
+    }
+    cek_store_chunk(dx1, chunk, n_dim, vec, d1);
+    cek_store_chunk(dx2, chunk, n_dim, vec, d2);
 }
 
-template <int CHUNKS>
-__device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS>& rp,
-                                                        float* __restrict__ dx1,
-                                                        float* __restrict__ dx2, int n_dim,
-                                                        bool vec, int lane, int lanes,
-                                                        CekGradient g) {
+template <int CHUNKS, typename T>
+__device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS, T>& rp,
+                                                        T* __restrict__ dx1, T* __restrict__ dx2,
+                                                        int n_dim, bool vec, int lane, int lanes,
+                                                        CekGradient<CekAcc<T>> g) {
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i)
         cek_store_chunk_gradients(dx1, dx2, lane + i * lanes, n_dim, vec, g, rp.a[i], rp.b[i]);
 }
 
 // The streamed path's gradient: the second read of the row (counted in the bytes formula).
-__device__ __forceinline__ void cek_stream_row_gradients(const float* __restrict__ x1,
-                                                         const float* __restrict__ x2,
-                                                         float* __restrict__ dx1,
-                                                         float* __restrict__ dx2, int n_dim,
-                                                         bool vec, CekGradient g) {
-    const int n_chunks = (n_dim + 3) / 4;
+template <typename T>
+__device__ __forceinline__ void cek_stream_row_gradients(const T* __restrict__ x1,
+                                                         const T* __restrict__ x2,
+                                                         T* __restrict__ dx1, T* __restrict__ dx2,
+                                                         int n_dim, bool vec,
+                                                         CekGradient<CekAcc<T>> g) {
+    const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
         cek_store_chunk_gradients(dx1, dx2, chunk, n_dim, vec, g,
                                   cek_load_chunk(x1, chunk, n_dim, vec),
@@ -213,40 +264,42 @@ __device__ __forceinline__ void cek_stream_row_gradients(const float* __restrict
 }
 
 // Loss of one row: 1 - c for y == 1, max(0, c - margin) for y == -1, 0 for any other label.
-// Written so that a NaN c gives NaN for y == +-1 (fmaxf would turn it into 0).
-__device__ __forceinline__ float cek_row_loss(float c, float y, float margin) {
-    if (y == 1.f) return 1.f - c;
-    if (y == -1.f) return c <= margin ? 0.f : c - margin;
-    return 0.f;
+// Written so that a NaN c gives NaN for y == +-1 (fmax would turn it into 0).
+template <typename Acc>
+__device__ __forceinline__ Acc cek_row_loss(Acc c, Acc y, Acc margin) {
+    if (y == Acc(1)) return Acc(1) - c;
+    if (y == Acc(-1)) return c <= margin ? Acc(0) : c - margin;
+    return Acc(0);
 }
 
 // coeff = d loss / d c times the upstream gradient g.
-__device__ __forceinline__ float cek_row_coeff(float c, float y, float margin, float g) {
-    if (y == 1.f) return -g;
-    if (y == -1.f && c > margin) return g;
-    return 0.f;
+template <typename Acc>
+__device__ __forceinline__ Acc cek_row_coeff(Acc c, Acc y, Acc margin, Acc g) {
+    if (y == Acc(1)) return -g;
+    if (y == Acc(-1) && c > margin) return g;
+    return Acc(0);
 }
 
-// The (sq1, sq2, dot) of this block's row, on the register path (filling rp) or the streamed one.
-template <int BLOCK_SIZE>
-__device__ __forceinline__ CekCosine cek_block_row_cosine(
-    CekRowPair<CekTiling<BLOCK_SIZE>::CHUNKS>& rp, const float* __restrict__ x1,
-    const float* __restrict__ x2, int n_dim, bool vec) {
-    float3 s;
-    if constexpr (CekTiling<BLOCK_SIZE>::STREAMED)
+// The cosine of this block's row, on the register path (filling rp) or the streamed one.
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_row_cosine(
+    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
+    const T* __restrict__ x2, int n_dim, bool vec) {
+    CekSums<CekAcc<T>> s;
+    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
         s = cek_stream_row_sums(x1, x2, n_dim, vec);
     else
         s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
-    return cek_cosine(cek_block_sum3(s));
+    return cek_cosine(cek_block_sum(s));
 }
 
 // Writes this block's row of dx1, dx2 from registers, or re-reads it on the streamed path.
-template <int BLOCK_SIZE>
+template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ void cek_block_row_gradients(
-    const CekRowPair<CekTiling<BLOCK_SIZE>::CHUNKS>& rp, const float* __restrict__ x1,
-    const float* __restrict__ x2, float* __restrict__ dx1, float* __restrict__ dx2, int n_dim,
-    bool vec, CekGradient g) {
-    if constexpr (CekTiling<BLOCK_SIZE>::STREAMED)
+    const CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
+    const T* __restrict__ x2, T* __restrict__ dx1, T* __restrict__ dx2, int n_dim, bool vec,
+    CekGradient<CekAcc<T>> g) {
+    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
         cek_stream_row_gradients(x1, x2, dx1, dx2, n_dim, vec, g);
     else
         cek_store_row_gradients(rp, dx1, dx2, n_dim, vec, threadIdx.x, blockDim.x, g);

@@ -1,6 +1,7 @@
 // cosine_embedding_loss_backward: gradient of the per-row cosine embedding loss.
 //
-// Math, per row r of x1, x2 [n_rows, n_dim] (float32, C-contiguous):
+// Math, per row r of x1, x2 [n_rows, n_dim] (C-contiguous, T = float, double, cek_f16 or cek_bf16;
+// sums and gradients in Acc = double for double, float otherwise; dy, y, margin are Acc):
 //   sq1 = sum x1^2,  sq2 = sum x2^2,  dot = sum x1*x2
 //   r1 = 1/sqrt(sq1 + EPS),  r2 = 1/sqrt(sq2 + EPS),  EPS = 1e-12,  c = dot*r1*r2
 //   dc/dx1[k] = (x2[k]*r2 - c*x1[k]*r1)*r1,   dc/dx2[k] = (x1[k]*r1 - c*x2[k]*r2)*r2
@@ -9,30 +10,30 @@
 // (cek_store_row_gradients expands these to save multiplies.)
 //
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
-// at most 2^20. Up to 16384, blockDim.x = the smallest multiple of 32 with
-// blockDim.x * CHUNKS * 4 >= n_dim, CHUNKS = max(1, BLOCK_SIZE / 4096); above, 1024 threads
-// stream the row (see cek_row.cuh).
+// at most 2^20. With VEC = 16 / sizeof(T) elements per chunk and ROW_CHUNKS = BLOCK_SIZE / VEC:
+// up to 4096 chunks, blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * VEC >=
+// n_dim, CHUNKS = max(1, ROW_CHUNKS / 1024); above, 1024 threads stream the row (cek_row.cuh).
 //
-// Bytes moved: read x1, x2 and write dx1, dx2 once (4 * n_rows * n_dim * 4), plus dy and y
-// (2 * n_rows * 4): 16*N*D + 8*N. Above 16384 the row is read twice: 24*N*D + 8*N.
+// Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus dy and
+// y: 4*S*N*D + 2*A*N (16*N*D + 8*N in float). A streamed row is read twice: 6*S*N*D + 2*A*N.
 #include "cek_row.cuh"
 
-template <int BLOCK_SIZE>
-__device__ void cosine_embedding_loss_backward(const float* __restrict__ dy,
-                                               const float* __restrict__ x1,
-                                               const float* __restrict__ x2,
-                                               const float* __restrict__ y,
-                                               float* __restrict__ dx1, float* __restrict__ dx2,
-                                               int n_rows, int n_dim, float margin) {
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
+                                               const T* __restrict__ x1,
+                                               const T* __restrict__ x2,
+                                               const CekAcc<T>* __restrict__ y,
+                                               T* __restrict__ dx1, T* __restrict__ dx2,
+                                               int n_rows, int n_dim, CekAcc<T> margin) {
     const int row = blockIdx.x;
     if (row >= n_rows) return;  // uniform over the block: no barrier is skipped by part of it
     // 64-bit offset: n_rows * n_dim may exceed 2^31.
     const long long offset = static_cast<long long>(row) * n_dim;
-    const bool vec = cek_vectorizable(n_dim, x1, x2, dx1, dx2);
+    const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
 
-    CekRowPair<CekTiling<BLOCK_SIZE>::CHUNKS> rp;
-    const CekCosine k = cek_block_row_cosine<BLOCK_SIZE>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    const float coeff = cek_row_coeff(k.c, y[row], margin, dy[row]);
-    cek_block_row_gradients<BLOCK_SIZE>(rp, x1 + offset, x2 + offset, dx1 + offset, dx2 + offset,
-                                        n_dim, vec, cek_gradient(k, coeff));
+    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
+    const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
+    const CekAcc<T> coeff = cek_row_coeff(k.c, y[row], margin, dy[row]);
+    cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
+                                           dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
 }

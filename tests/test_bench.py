@@ -22,8 +22,11 @@ def test_cupy_baseline_math_matches_the_reference_on_numpy(margin, scale):
     loss, dx1, dx2 = bench.cupy_math(np, inputs["x1"], inputs["x2"], inputs["y"], margin, scale)
     want = reference.forward(inputs["x1"], inputs["x2"], inputs["y"], margin)
     np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-5)
-    w1, w2 = reference.backward(np.full(7, scale), inputs["x1"], inputs["x2"], inputs["y"], margin)
-    _, _, failures = check.compare({"dx1": dx1, "dx2": dx2}, {"dx1": w1, "dx2": w2})
+    args = (np.full(7, scale), inputs["x1"], inputs["x2"], inputs["y"], margin)
+    w1, w2 = reference.backward(*args)
+    m1, m2 = reference.gradient_magnitudes(*args)
+    _, _, failures = check.compare({"dx1": dx1, "dx2": dx2}, {"dx1": w1, "dx2": w2},
+                                   {"dx1": m1, "dx2": m2})
     assert not failures
 
 

@@ -35,9 +35,10 @@ def test_list_names_every_kernel_with_args_and_contract(run):
     assert result.exit_code == 0
     for name in ("cosine_embedding_loss_backward", "cosine_embedding_loss_forward",
                  "cosine_embedding_loss_fused"):
-        assert f"{name}__f32__<BLOCK_SIZE>" in result.output
-    assert "float* dy, float* x1, float* x2, float* y, float* dx1, float* dx2, int n_rows, " \
-           "int n_dim, float margin" in result.output
+        assert f"{name}__<f32|f64|f16|bf16>__<BLOCK_SIZE>" in result.output
+    assert "A* dy, T* x1, T* x2, A* y, T* dx1, T* dx2, int n_rows, int n_dim, A margin" \
+        in result.output
+    assert "T, A = float, float (f32)" in result.output
     rows = json.loads(run("list", "--json").output)
     assert [r["kernel"] for r in rows] == ["backward", "forward", "fused"]
 
@@ -46,9 +47,15 @@ def test_dump_source_default_is_backward_768_with_entry_instantiating_1024(run):
     result = run("dump-source")
     assert result.exit_code == 0
     assert result.output == cek.CosineEmbeddingLossBackward(1024).source
-    tail = result.output[result.output.index("template <int BLOCK_SIZE>"):]
+    tail = result.output[result.output.index("template <int BLOCK_SIZE, typename T = float>"):]
     assert "cosine_embedding_loss_backward_entry_point" in tail
     assert "cosine_embedding_loss_backward<1024>(" in tail
+
+
+def test_dump_source_of_a_bf16_kernel(run):
+    result = run("dump-source", "--kernel", "fused", "--dtype", "bf16", "--part", "entry")
+    assert "cosine_embedding_loss_fused<1024, cek_bf16>(" in result.output
+    assert "cek_bf16* x1" in result.output and "float* loss" in result.output
 
 
 def test_dump_source_parts_and_line_numbers(run):
@@ -88,10 +95,11 @@ def test_compile_prints_the_resource_table_and_writes_ptx_cubin(run, tmp_path):
 
 @pytest.mark.compile
 def test_compile_json_all_kernels_reports_zero_spills(run):
-    result = run("compile", "--all", "--block-size", "16384", "--json")
+    result = run("compile", "--all", "--block-size", "16384", "--dtype", "all", "--json")
     assert result.exit_code == 0
     rows = json.loads(result.stdout)
-    assert len(rows) == 3
+    assert len(rows) == 3 * 4
+    assert {r["kernel_id"].split("__")[1] for r in rows} == {"f32", "f64", "f16", "bf16"}
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in rows)
 
 

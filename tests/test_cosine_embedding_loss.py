@@ -198,5 +198,5 @@ def test_gpu_misaligned_views(cls):
     for spec, host, dev in zip(kernel.args, args, device_args):
         if spec.output:
             host[...] = cupy.asnumpy(dev)
-    _, _, failures = check.compare(outputs, check.expected(kernel, inputs, 0.0))
+    _, _, failures = check.compare(outputs, *check.expected(kernel, inputs, 0.0))
     assert not failures, failures

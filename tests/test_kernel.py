@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cek
-from cek.kernel import Arg, chunks_per_thread, kernel_classes, next_power_of_two
+from cek.kernel import kernel_classes, next_power_of_two
 
 ALL = list(kernel_classes().values())
 
@@ -20,8 +20,27 @@ def test_documented_fields_of_backward():
     assert k.entry_point_name() == "cosine_embedding_loss_backward_entry_point"
     assert k.source == k.kernel_source + "\n\n" + k.entry_point_source
     assert k.cache_key() == hashlib.sha256(k.source.encode()).hexdigest()
-    assert [a.ctype for a in k.args] == ["float*"] * 6 + ["int", "int", "float"]
+    assert [k.c_type(a) for a in k.args] == ["float*"] * 6 + ["int", "int", "float"]
     assert [a.name for a in k.args] == ["dy", "x1", "x2", "y", "dx1", "dx2", "n_rows", "n_dim", "margin"]
+    assert "cosine_embedding_loss_backward<1024>(dy, x1" in k.entry_point_source
+
+
+@pytest.mark.parametrize("dtype, element, acc", [("f64", "double", "double"),
+                                                 ("f16", "cek_f16", "float"),
+                                                 ("bf16", "cek_bf16", "float")])
+def test_other_dtypes_carry_their_types_into_id_and_entry_point(dtype, element, acc):
+    k = cek.CosineEmbeddingLossBackward(1024, dtype)
+    assert k.id == f"cosine_embedding_loss_backward__{dtype}__1024"
+    assert [k.c_type(a) for a in k.args] == [f"{acc}*", f"{element}*", f"{element}*", f"{acc}*",
+                                             f"{element}*", f"{element}*", "int", "int", acc]
+    assert f"cosine_embedding_loss_backward<1024, {element}>(dy, x1" in k.entry_point_source
+    assert k.kernel_source == cek.CosineEmbeddingLossBackward(1024).kernel_source
+    assert k.cache_key() != cek.CosineEmbeddingLossBackward(1024).cache_key()
+
+
+def test_unknown_dtype_is_refused():
+    with pytest.raises(ValueError, match="dtype must be one of f32, f64, f16, bf16, got 'f8'"):
+        cek.CosineEmbeddingLossBackward(1024, "f8")
 
 
 def test_forward_and_fused_names_and_ids():
@@ -34,7 +53,7 @@ def test_forward_and_fused_names_and_ids():
 @pytest.mark.parametrize("cls", ALL)
 def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
     k = cls(256)
-    params = ", ".join(f"{a.ctype} {a.name}" for a in cls.args)
+    params = ", ".join(f"{k.c_type(a)} {a.name}" for a in cls.args)
     assert f'extern "C" __global__ void __launch_bounds__(1024) {k.entry_point_name()}({params})' \
         in k.entry_point_source
     call = f"{cls.name}<256>({', '.join(a.name for a in cls.args)});"
@@ -44,9 +63,10 @@ def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
 @pytest.mark.parametrize("cls", ALL)
 def test_kernel_source_is_the_template_with_headers_inlined(cls):
     src = cls(64).kernel_source
-    assert f"template <int BLOCK_SIZE>\n__device__ void {cls.name}(" in src
+    assert f"template <int BLOCK_SIZE, typename T = float>\n__device__ void {cls.name}(" in src
     assert '#include "' not in src  # inlined, so the hash covers the header
     assert re.search(r'#line 1 ".*kernels/cek_row.cuh"', src)
+    assert re.search(r'#line 1 ".*kernels/cek_types.cuh"', src)
     assert re.search(rf'#line \d+ ".*kernels/{cls.name}.cu"', src)
     assert "entry_point" not in src
     # BLOCK_SIZE is only a template argument: the same template text at every size.
@@ -89,7 +109,7 @@ def test_threads_cover_the_row_with_whole_warps(cls, n_dim, threads):
     k = cls.for_n_dim(n_dim)
     grid, block, smem = k.launch_config(5, n_dim)
     assert grid == (5, 1, 1) and block == (threads, 1, 1) and smem == 0
-    per_thread = 4 * chunks_per_thread(k.block_size)
+    per_thread = 4 * k.chunks_per_thread
     assert threads % 32 == 0 and threads <= 1024
     assert threads * per_thread >= n_dim > (threads - 32) * per_thread
 
@@ -101,10 +121,24 @@ def test_rows_past_16384_are_streamed_by_1024_threads(n_dim):
     assert k.bytes_moved(3, n_dim) == 24 * 3 * n_dim + 8 * 3  # the second read is counted
 
 
-@pytest.mark.parametrize("n_dim, group, grid", [(1, 1, 1), (4, 1, 1), (5, 2, 1), (32, 8, 1),
-                                                (128, 32, 1), (129, 32, 1), (256, 32, 1)])
-def test_fused_runs_row_groups_up_to_256(n_dim, group, grid):
-    k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim)
+@pytest.mark.parametrize("dtype, register_limit, threads_768, bytes_per_element", [
+    ("f32", 16384, 192, 4), ("f64", 8192, 384, 8), ("f16", 16384, 96, 2), ("bf16", 16384, 96, 2)])
+def test_tiling_follows_the_element_size(dtype, register_limit, threads_768, bytes_per_element):
+    cls = cek.CosineEmbeddingLossBackward
+    assert not cls.for_n_dim(register_limit, dtype).streamed
+    assert cls.for_n_dim(register_limit + 1, dtype).streamed
+    assert cls.for_n_dim(768, dtype).launch_config(2, 768)[1] == (threads_768, 1, 1)
+    acc = 8 if dtype == "f64" else 4
+    assert cls.for_n_dim(768, dtype).bytes_moved(10, 768) == \
+        4 * bytes_per_element * 10 * 768 + 2 * acc * 10
+
+
+@pytest.mark.parametrize("n_dim, group, grid, dtype", [
+    (1, 1, 1, "f32"), (4, 1, 1, "f32"), (5, 2, 1, "f32"), (32, 8, 1, "f32"), (128, 32, 1, "f32"),
+    (129, 32, 1, "f32"), (256, 32, 1, "f32"), (512, 32, 1, "bf16"), (8, 1, 1, "f16"),
+    (128, 32, 1, "f64")])
+def test_fused_runs_row_groups_up_to_64_chunks(n_dim, group, grid, dtype):
+    k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim, dtype)
     assert k.group == group
     n_rows = 256 // group * grid  # exactly `grid` blocks' worth of rows
     assert k.launch_config(n_rows, n_dim) == ((grid, 1, 1), (256, 1, 1), 0)
@@ -133,6 +167,17 @@ def test_check_args_casts_scalars_to_their_c_types():
     cast = cek.CosineEmbeddingLossBackward(8).check_args(_backward_args(), (np.ndarray,))
     assert type(cast[6]) is np.int32 and type(cast[7]) is np.int32
     assert type(cast[8]) is np.float32
+
+
+def test_bf16_arrays_are_uint16_bits():
+    args = _backward_args()
+    for i in (1, 2, 4, 5):
+        args[i] = np.zeros((3, 5), np.uint16)
+    kernel = cek.CosineEmbeddingLossBackward(8, "bf16")
+    assert kernel.check_args(args, (np.ndarray,))[1].dtype == np.uint16
+    args[1] = np.zeros((3, 5), np.float16)
+    with pytest.raises(TypeError, match=r"x1 must be uint16 \(bfloat16 bits\), got float16"):
+        kernel.check_args(args, (np.ndarray,))
 
 
 @pytest.mark.parametrize("index, value, error, message", [
@@ -166,7 +211,3 @@ def test_only_optional_pointers_take_none():
     with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
         fused.check_args(args, (np.ndarray,))
 
-
-def test_arg_declaration():
-    assert Arg("x1", "float*").declaration() == "float* x1"
-    assert Arg("n", "int").dtype == np.int32

@@ -1,0 +1,64 @@
+"""The element types the kernels take, and their NumPy views.
+
+NumPy has no bfloat16, so a bf16 array is a uint16 array holding the bits (the same bits as a
+torch.bfloat16 tensor viewed as int16). `to_float64` and `from_float` convert both ways, with
+round-to-nearest-even like the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # id suffix
+    c_type: str  # C type of an element in the kernel
+    array: np.dtype  # NumPy dtype of an array of it
+    acc_c_type: str  # C type of sums, per-row values and scalars
+    acc: np.dtype
+
+    @property
+    def vec(self) -> int:
+        """Elements per 16-byte chunk."""
+        return 16 // self.array.itemsize
+
+
+DTYPES = {
+    d.name: d
+    for d in (
+        DType("f32", "float", np.dtype(np.float32), "float", np.dtype(np.float32)),
+        DType("f64", "double", np.dtype(np.float64), "double", np.dtype(np.float64)),
+        DType("f16", "cek_f16", np.dtype(np.float16), "float", np.dtype(np.float32)),
+        DType("bf16", "cek_bf16", np.dtype(np.uint16), "float", np.dtype(np.float32)),
+    )
+}
+
+
+def get(name: str) -> DType:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def to_float64(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Values of an array of `dtype` (bf16: its bits) as float64."""
+    if dtype == "bf16":
+        return (np.asarray(array, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(array).astype(np.float64)
+
+
+def from_float(values, dtype: str) -> np.ndarray:
+    """float values rounded to `dtype` (bf16: to its bits, nearest even; NaN stays NaN)."""
+    if dtype != "bf16":
+        return np.asarray(values).astype(DTYPES[dtype].array)
+    bits = np.asarray(values, np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def nan_filled(shape, dtype: str) -> np.ndarray:
+    return from_float(np.full(shape, np.nan, np.float32), dtype)
