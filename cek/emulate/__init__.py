@@ -41,7 +41,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
     order = runner.parse_schedule(schedule)
     path = str(build.library(kernel, flavour))
     library = runner.open_library(path) if flavour == "plain" else None
-    ctypes_of_args = [arg.ctype for arg in kernel.args]
+    ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
 
     def launch(grid, block, args: Sequence, *, shared_mem: int = 0) -> None:
         cast = kernel.check_args(args, (np.ndarray,))

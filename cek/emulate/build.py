@@ -74,8 +74,11 @@ def compiler_version() -> str:
 
 def entry_source(kernel: Kernel) -> str:
     """The generated unit: `cek_kernel_entry(void** args)` and the dynamic shared memory."""
-    params = ", ".join(arg.ctype for arg in kernel.args)
-    values = ", ".join(f"*static_cast<{a.ctype}*>(args[{i}])" for i, a in enumerate(kernel.args))
+    # Pointers travel as void*: an extern "C" symbol has no parameter types to match, a pointer
+    # passes alike whatever it points to, and cek_f16 and friends are not declared here.
+    ctypes = ["void*" if a.is_pointer else kernel.c_type(a) for a in kernel.args]
+    params = ", ".join(ctypes)
+    values = ", ".join(f"*static_cast<{c}*>(args[{i}])" for i, c in enumerate(ctypes))
     names = sorted(set(_DYNAMIC_SHARED.findall(kernel.source)))
     lines = [
         f'extern "C" void {kernel.entry_point_name()}({params});',

@@ -13,7 +13,7 @@
 //                (width defaults to 32), for values of at most 8 bytes.
 //   Vectors      float2 float3 float4 int4 with make_*; CUDA alignment (float4 and int4: 16 bytes);
 //                reinterpret_cast vector loads and stores; __ldg of any of them or a scalar.
-//   Math         rsqrtf sqrtf fmaxf fminf fmaf __fdividef __expf __logf;
+//   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
 //                atomicAdd on float and int.
 // Semantics the emulator checks (each is a KernelError):
 //   - a barrier that completes while a thread of the block has exited (exited threads count as
@@ -131,6 +131,7 @@ __device__ __forceinline__ T __ldg(const T* p, const char* file = __builtin_FILE
 // ---- math: libm's names, which g++ treats as builtins (inline with -fno-math-errno) -------
 
 extern "C" {
+double sqrt(double) noexcept;
 float sqrtf(float) noexcept;
 float fmaxf(float, float) noexcept;
 float fminf(float, float) noexcept;

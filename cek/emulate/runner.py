@@ -14,7 +14,7 @@ from typing import Sequence
 
 SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}  # enum Schedule in runtime.cpp
 _RANDOM = re.compile(r"random:(\d+)")
-_CTYPES = {"int": ctypes.c_int, "float": ctypes.c_float}
+_CTYPES = {"int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double}
 MAX_THREADS = 1024
 MAX_SHARED_MEM = 48 * 1024
 
