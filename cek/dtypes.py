@@ -60,5 +60,16 @@ def from_float(values, dtype: str) -> np.ndarray:
     return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
 
 
+def smallest_step(dtype: str) -> float:
+    """Spacing of the subnormals of `dtype`: below the smallest normal number a value is only
+    as exact as this, whatever its size (float16: 2^-24 ~ 6e-8, next to 1e-5 gradients)."""
+    return {"f16": 2.0**-24, "bf16": 2.0**-133, "f32": 2.0**-149, "f64": 0.0}[dtype]
+
+
+def overflow_threshold(dtype: str) -> float:
+    """Magnitudes from which a value rounds to infinity in `dtype` (float16: 65520)."""
+    return 65520.0 if dtype == "f16" else np.inf
+
+
 def nan_filled(shape, dtype: str) -> np.ndarray:
     return from_float(np.full(shape, np.nan, np.float32), dtype)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cek import check, reference
+from cek import check, dtypes, reference
 from cek.kernel import kernel_classes
 
 KERNELS = list(kernel_classes().values())
@@ -19,8 +19,15 @@ MARGINS = [-0.5, 0.0, 0.5]
 GPU_DIMS = [1, 3, 31, 32, 33, 127, 768, 769, 1000, 1024, 4096]
 
 
-def _inputs(kernel_cls, n_rows, n_dim, seed=0):
-    inputs = check.make_inputs(n_rows, n_dim, seed)
+OTHER_DTYPES = ["f64", "f16", "bf16"]
+# Per element size: row groups, one warp, several warps, chunk tails, the widest register row
+# and the first streamed one (f64 streams past 8192, the others past 16384).
+OTHER_DIMS = [1, 3, 8, 33, 129, 512, 769, 4096, 8193, 16385]
+LARGE_DIMS = [16385, 70_001, 1 << 20]
+
+
+def _inputs(kernel_cls, n_rows, n_dim, seed=0, dtype="f32"):
+    inputs = check.make_inputs(n_rows, n_dim, seed, dtype=dtype)
     if kernel_cls.name.endswith("_fused") and seed % 2:
         inputs["dy"], inputs["scale"] = None, 1.0 / n_rows  # the mean: no dy array
     elif kernel_cls.name.endswith("_fused"):
@@ -56,18 +63,56 @@ def test_emulator_matches_reference(emulator, cls, n_rows, n_dim):
 
 
 @pytest.mark.emulator
+@pytest.mark.parametrize("dtype", OTHER_DTYPES)
 @pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
-@pytest.mark.parametrize("n_dim", [4, 768, 1000])
-def test_misaligned_views_take_the_scalar_path(emulator, cls, n_dim):
-    # Rows of a view one float into a buffer are 4-byte aligned only: a 128-bit access would fault.
-    inputs = _inputs(cls, 5, n_dim)
+@pytest.mark.parametrize("n_dim", OTHER_DIMS)
+def test_emulator_matches_reference_in_other_dtypes(emulator, cls, n_dim, dtype):
+    kernel = cls.for_n_dim(n_dim, dtype)
+    for seed, (margin, schedule) in enumerate(((-0.5, "forward"), (0.5, "random:1"))):
+        inputs = _inputs(cls, 7, n_dim, seed, dtype)
+        _assert_passes(check.run_case(kernel, emulator[schedule], "cpu", inputs, margin))
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("n_dim", LARGE_DIMS)
+def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):
+    kernel = cls.for_n_dim(n_dim)
+    assert kernel.streamed
+    _assert_passes(check.run_case(kernel, emulator["forward"], "cpu", _inputs(cls, 2, n_dim), 0.0))
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("dtype", ["f32"] + OTHER_DTYPES)
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("n_dim", [8, 768, 1000])
+def test_misaligned_views_take_the_scalar_path(emulator, cls, n_dim, dtype):
+    # Rows of a view one element into a buffer are not 16-byte aligned: a 128-bit access would
+    # fault (the emulator reports it as a GPU would).
+    inputs = _inputs(cls, 5, n_dim, dtype=dtype)
     for name in ("x1", "x2"):
-        buf = np.empty(inputs[name].size + 1, np.float32)
+        buf = np.empty(inputs[name].size + 1, inputs[name].dtype)
         view = buf[1:].reshape(inputs[name].shape)
         view[...] = inputs[name]
         assert view.ctypes.data % 16 != 0
         inputs[name] = view
-    _assert_passes(check.run_case(cls.for_n_dim(n_dim), emulator["forward"], "cpu", inputs, 0.0))
+    kernel = cls.for_n_dim(n_dim, dtype)
+    _assert_passes(check.run_case(kernel, emulator["forward"], "cpu", inputs, 0.0))
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("dtype", ["f32"] + OTHER_DTYPES)
+def test_nan_in_a_row_reaches_its_loss_and_gradient(emulator, dtype):
+    cls = kernel_classes()["fused"]
+    inputs = _inputs(cls, 4, 768, dtype=dtype)
+    inputs["y"][:] = [1, -1, 0, 1]
+    inputs["x1"][:3, 5] = dtypes.from_float(np.float32(np.nan), dtype)
+    args, outputs = check.build_args(cls.for_n_dim(768, dtype), inputs, 0.0)
+    emulator["forward"](cls.for_n_dim(768, dtype), args)
+    assert np.isnan(outputs["loss"][:2]).all() and outputs["loss"][2] == 0  # torch: label 0 -> 0
+    for name in ("dx1", "dx2"):
+        values = dtypes.to_float64(outputs[name], dtype)
+        assert np.isnan(values[:3]).all() and np.isfinite(values[3]).all()
 
 
 @pytest.mark.emulator

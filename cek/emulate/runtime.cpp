@@ -219,23 +219,27 @@ static void resume(Fiber* f) {
     g_current = nullptr;
 }
 
-// A fiber's stack is allocated the first time a block needs it, with a guard page below, and
-// reused by every later block. The mapping is made by a raw system call: ThreadSanitizer's mmap
-// interceptor clears the shadow of every new mapping, which for a 1024-thread block of
-// sanitizer-sized stacks costs seconds.
+// The fibers' stacks are one mapping, made the first time a block needs them and reused by every
+// later block: one mapping per library rather than one (plus a guard page) per fiber, since a
+// process that loads a few dozen kernel libraries would otherwise run out of memory mappings
+// (vm.max_map_count). MAP_NORESERVE: only the pages a fiber touches cost memory. The mapping is
+// made by a raw system call: ThreadSanitizer's mmap interceptor clears the shadow of every new
+// mapping, which for a 1024-thread block of sanitizer-sized stacks costs seconds.
 static bool allocate_fibers(int n) {
     static int allocated = 0;
+    static char* stacks = nullptr;
     if (!g_fibers) g_fibers = static_cast<Fiber*>(calloc(kMaxThreads, sizeof(Fiber)));
     if (!g_fibers) return false;
-    const size_t page = sysconf(_SC_PAGESIZE);
-    for (; allocated < n; ++allocated) {
-        void* p = reinterpret_cast<void*>(syscall(SYS_mmap, nullptr, kStackSize + page,
+    if (!stacks) {
+        void* p = reinterpret_cast<void*>(syscall(SYS_mmap, nullptr, kMaxThreads * kStackSize,
                                                   PROT_READ | PROT_WRITE,
                                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
                                                   0));
         if (p == MAP_FAILED) return false;
-        syscall(SYS_mprotect, p, page, PROT_NONE);
-        g_fibers[allocated].stack = static_cast<char*>(p) + page;
+        stacks = static_cast<char*>(p);
+    }
+    for (; allocated < n; ++allocated) {
+        g_fibers[allocated].stack = stacks + allocated * kStackSize;
         TSAN(g_fibers[allocated].tsan = __tsan_create_fiber(0);)
     }
     return true;
