@@ -4,6 +4,11 @@ from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek import gpu, reference
+from cek.functional import (
+    cosine_embedding_loss,
+    cosine_embedding_loss_backward,
+    cosine_embedding_loss_fused,
+)
 from cek.kernel import Arg, Kernel
 
 __version__ = "0.1.0"
@@ -15,6 +20,9 @@ __all__ = [
     "CosineEmbeddingLossFused",
     "Kernel",
     "__version__",
+    "cosine_embedding_loss",
+    "cosine_embedding_loss_backward",
+    "cosine_embedding_loss_fused",
     "gpu",
     "reference",
 ]

@@ -5,10 +5,10 @@ Semantics are torch.nn.functional.cosine_embedding_loss's, per row (see cek.refe
 loss 0 and gradient 0 (or a ValueError with validate_target=True); NaN and Inf propagate to
 their row; N = 0 launches nothing, and the mean of no rows is NaN.
 
-CuPy arrays run the float32 GPU kernels on the inputs' device and CuPy's current stream there.
-The half- and double-precision GPU kernels are not built yet: float16 and float64 CuPy inputs are
-copied to float32, run, and the results cast back, so float16 does not yet read half the bytes
-and float64 is computed in float32. Rows longer than 16384 elements have no GPU kernel yet.
+CuPy arrays run the GPU kernels of their own dtype (float16, float32 or float64: a float16 kernel
+reads half the bytes of a float32 one) on the inputs' device and CuPy's current stream there.
+float16 and float32 accumulate in float32, float64 in float64. The kernels take rows of up to
+2**20 elements (`Kernel.max_block_size`); longer rows are a ValueError on this path.
 mean and sum add the kernel's per-row losses with CuPy's fixed-order reduction, no atomics, so
 the result is the same bits on every run.
 
@@ -16,8 +16,8 @@ NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in 
 results come back in the input dtype.
 
 Non-contiguous inputs (transposed or sliced views) are copied to a C-contiguous array first, on
-either path; so are float16 and float64 CuPy inputs (to float32). Every check runs before any
-work, so on an error a caller's `out` buffers are untouched.
+either path. Every check runs before any work, so on an error a caller's `out` buffers are
+untouched.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numbers
 
 import numpy as np
 
-from cek import cpu, gpu, validate
+from cek import cpu, dtypes, gpu, validate
 from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
@@ -45,10 +45,14 @@ def cosine_embedding_loss(x1, x2, target, margin=0.0, reduction="mean", *,
 
     x1, x2: (N, D) or (D,) float16/32/64 arrays, both NumPy or both CuPy on one device.
     target: (N,) or 0-d labels (any float or int dtype), the same kind of array.
+    validate_target: raise ValueError naming the first label that is not +-1, and its row,
+    instead of giving such rows loss 0 (on a GPU this reads one value back: a synchronisation).
     out: an array of the result's shape and the inputs' dtype to write into; it is returned.
     """
-    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    problem = _check(x1, x2, target, margin, reduction)
     (out,) = validate.check_out(out, problem, (problem.loss_shape,), ("out",)) or (None,)
+    if validate_target:
+        validate.check_labels(target, problem.batched)
     loss, _, _ = _run(problem, x1, x2, target, None, want_loss=True, want_grads=False,
                       out=(out, None, None))
     return loss
@@ -60,10 +64,13 @@ def cosine_embedding_loss_backward(grad, x1, x2, target, margin=0.0, reduction="
 
     grad: a number or 0-d array for reduction "mean" and "sum"; for "none", an array shaped like
     the per-row loss. out: a pair of arrays shaped and typed like x1 to write into.
+    Other arguments, dtypes and devices as in cosine_embedding_loss.
     """
-    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    problem = _check(x1, x2, target, margin, reduction)
     validate.check_grad(grad, problem)
     out = validate.check_out(out, problem, (problem.input_shape,) * 2, ("dx1", "dx2"))
+    if validate_target:
+        validate.check_labels(target, problem.batched)
     _, dx1, dx2 = _run(problem, x1, x2, target, grad, want_loss=False, want_grads=True,
                        out=(None, *(out or (None, None))))
     return dx1, dx2
@@ -75,12 +82,15 @@ def cosine_embedding_loss_fused(x1, x2, target, margin=0.0, reduction="mean", gr
 
     grad: the upstream gradient, as in cosine_embedding_loss_backward; None means 1 for "mean"
     and "sum" and ones for "none". out: a triple (loss, dx1, dx2) of arrays to write into.
+    Other arguments, dtypes and devices as in cosine_embedding_loss.
     """
-    problem = _check(x1, x2, target, margin, reduction, validate_target)
+    problem = _check(x1, x2, target, margin, reduction)
     if grad is not None:  # None: _upstream gives every row the reduction's own scale
         validate.check_grad(grad, problem)
     shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
     out = validate.check_out(out, problem, shapes, ("loss", "dx1", "dx2"))
+    if validate_target:
+        validate.check_labels(target, problem.batched)
     return _run(problem, x1, x2, target, grad, want_loss=True, want_grads=True,
                 out=out or (None, None, None))
 
@@ -88,13 +98,12 @@ def cosine_embedding_loss_fused(x1, x2, target, margin=0.0, reduction="mean", gr
 # -- shared steps ------------------------------------------------------------------------------
 
 
-def _check(x1, x2, target, margin, reduction, validate_target) -> validate.Problem:
+def _check(x1, x2, target, margin, reduction) -> validate.Problem:
     problem = validate.check_inputs(x1, x2, target, margin, reduction)
     if problem.kind == "cupy":
         gpu.require_cupy()
-        validate.check_gpu_n_dim(problem.n_dim, CosineEmbeddingLossFused.max_block_size)
-    if validate_target:
-        validate.check_labels(target, problem.batched)
+        validate.check_gpu_problem(problem.n_rows, problem.n_dim,
+                                   CosineEmbeddingLossFused.max_block_size)
     return problem
 
 
@@ -118,7 +127,7 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
     on_device = xp.cuda.Device(problem.device) if xp is not np else contextlib.nullcontext()
     with on_device:
         if n == 0:
-            acc = np.float32 if xp is not np else cpu.accumulation_dtype(problem.dtype)
+            acc = cpu.accumulation_dtype(problem.dtype)
             rows = xp.zeros(0, dtype=acc)
             dx1 = dx2 = xp.zeros((0, d), dtype=acc) if want_grads else None
         elif xp is np:
@@ -180,70 +189,85 @@ def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads):
 
 
 def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
-    """Per-row float32 results on the current device; `out` buffers that can take the kernel's
-    output directly (float32, C-contiguous, not overlapping an input) are written in place."""
+    """Per-row results on the current device, from the kernel of the inputs' dtype; `out` buffers
+    that can take the kernel's output directly (its dtype, C-contiguous, not overlapping an
+    input) are written in place."""
     cupy = gpu.require_cupy()
     n, d = problem.n_rows, problem.n_dim
-    a1 = cupy.ascontiguousarray(x1, dtype=cupy.float32).reshape(n, d)
-    a2 = cupy.ascontiguousarray(x2, dtype=cupy.float32).reshape(n, d)
-    y = labels_float32(cupy, target).reshape(n)
+    dtype = KERNEL_DTYPES[np.dtype(problem.dtype)]
+    acc = dtypes.get(dtype).acc
+    a1 = cupy.ascontiguousarray(x1).reshape(n, d)
+    a2 = cupy.ascontiguousarray(x2).reshape(n, d)
+    y = labels(cupy, target, acc).reshape(n)
     inputs = (a1, a2, y)
     loss_out, dx1_out, dx2_out = out
     dest = (
-        _direct(cupy, loss_out, (n,), inputs) if problem.reduction == "none" else None,
-        _direct(cupy, dx1_out, (n, d), inputs),
-        _direct(cupy, dx2_out, (n, d), inputs),
+        _direct(cupy, loss_out, (n,), acc, inputs) if problem.reduction == "none" else None,
+        _direct(cupy, dx1_out, (n, d), a1.dtype, inputs),
+        _direct(cupy, dx2_out, (n, d), a1.dtype, inputs),
     )
     dy, scale = _upstream(problem, grad)
-    return gpu_rows(a1, a2, y, dy, scale, problem.margin, want_loss=want_loss,
+    return gpu_rows(a1, a2, y, dy, scale, problem.margin, dtype=dtype, want_loss=want_loss,
                     want_grads=want_grads, dest=dest)
 
 
-def labels_float32(cupy, target):
-    """The kernels' float32 labels. float64 labels are mapped to exactly +-1 or 0 first, since
-    rounding could turn a label such as 1 + 1e-12 (loss 0 on the CPU path) into 1.0."""
+# NumPy dtype of the inputs -> the kernels' dtype name (bfloat16 only reaches them from torch).
+KERNEL_DTYPES = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32",
+                 np.dtype(np.float64): "f64"}
+
+
+def labels(cupy, target, acc):
+    """The kernels' labels, in their accumulation dtype. float64 labels are mapped to exactly +-1
+    or 0 first, since rounding could turn a label such as 1 + 1e-12 (loss 0 on the CPU path)
+    into 1.0."""
     if target.dtype == np.float64:
         target = cupy.where(target == 1, 1.0, cupy.where(target == -1, -1.0, 0.0))
-    return cupy.ascontiguousarray(target, dtype=cupy.float32)
+    return cupy.ascontiguousarray(target, dtype=acc)
 
 
-def _direct(cupy, buffer, shape, inputs):
-    """`buffer` as a float32 [shape] view the kernel may write, or None to write via a copy."""
-    if buffer is None or buffer.dtype != np.float32 or not buffer.flags.c_contiguous:
+def _direct(cupy, buffer, shape, dtype, inputs):
+    """`buffer` as a [shape] view of `dtype` the kernel may write, or None to write via a copy."""
+    if buffer is None or buffer.dtype != dtype or not buffer.flags.c_contiguous:
         return None
     if any(cupy.may_share_memory(buffer, a) for a in inputs):  # the kernels use __restrict__
         return None
     return buffer.reshape(shape)
 
 
-def gpu_rows(x1, x2, y, dy, scale, margin, *, want_loss, want_grads, dest=(None, None, None)):
+def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads,
+             dest=(None, None, None)):
     """Launch the one kernel that gives what is wanted, on the current device and stream.
 
-    x1, x2: float32 C-contiguous [N, D]; y: float32 [N] labels. Row r's upstream gradient is
-    scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real dtype). dest: float32
-    buffers ([N], [N, D], [N, D]) to write into, None entries allocated here.
-    Returns (loss [N] or None, dx1 or None, dx2 or None), float32. Shared by cek.torch.
+    x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as
+    uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
+    r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
+    dtype). dest: buffers ([N] accumulation dtype, [N, D], [N, D] of x1's dtype) to write
+    into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None).
+    Shared by cek.torch.
     """
     cupy = gpu.require_cupy()
     n, d = x1.shape
+    acc = dtypes.get(dtype).acc
     loss, dx1, dx2 = dest
     if want_loss and loss is None:
-        loss = cupy.empty(n, dtype=cupy.float32)
+        loss = cupy.empty(n, dtype=acc)
     if want_grads:
-        dx1 = cupy.empty((n, d), dtype=cupy.float32) if dx1 is None else dx1
-        dx2 = cupy.empty((n, d), dtype=cupy.float32) if dx2 is None else dx2
+        dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1
+        dx2 = cupy.empty((n, d), dtype=x1.dtype) if dx2 is None else dx2
     if not want_grads:
-        gpu.launch(CosineEmbeddingLossForward.for_n_dim(d), x1, x2, y, loss, n, d, margin)
+        kernel = CosineEmbeddingLossForward.for_n_dim(d, dtype)
+        gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
         return loss, None, None
     if dy is not None:
-        per_row = cupy.empty(n, dtype=cupy.float32)
+        per_row = cupy.empty(n, dtype=acc)
         per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
         dy = per_row
     if want_loss:
-        kernel = CosineEmbeddingLossFused.for_n_dim(d)
+        kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
         gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
         return loss, dx1, dx2
     # The backward kernel has no scale argument: fold it into dy.
-    dy = cupy.full(n, scale, dtype=cupy.float32) if dy is None else dy * cupy.float32(scale)
-    gpu.launch(CosineEmbeddingLossBackward.for_n_dim(d), dy, x1, x2, y, dx1, dx2, n, d, margin)
+    dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
+    kernel = CosineEmbeddingLossBackward.for_n_dim(d, dtype)
+    gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
     return None, dx1, dx2

@@ -52,8 +52,9 @@ class Problem:
 
 
 def array_kind(value: Any) -> str | None:
-    """"numpy", "cupy", or None for anything else."""
-    if isinstance(value, np.ndarray):
+    """"numpy", "cupy", or None for anything else. A NumPy scalar (such as y[0]) counts as a
+    0-d NumPy array."""
+    if isinstance(value, (np.ndarray, np.generic)):
         return "numpy"
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(value, cupy.ndarray):
@@ -76,20 +77,21 @@ def check_margin(margin: Any) -> float:
     return value
 
 
-def check_shapes(x1_shape, x2_shape, target_shape) -> tuple[int, int, bool]:
+def check_shapes(x1_shape, x2_shape, target_shape, names=("x1", "x2")) -> tuple[int, int, bool]:
     """(n_rows, n_dim, batched) for torch's shapes: (N, D) with (N,), or (D,) with ()."""
     x1_shape, x2_shape, target_shape = tuple(x1_shape), tuple(x2_shape), tuple(target_shape)
+    both = " and ".join(names)
     if x1_shape != x2_shape:
-        raise ValueError(f"x1 and x2 must have the same shape, got {x1_shape} and {x2_shape}")
+        raise ValueError(f"{both} must have the same shape, got {x1_shape} and {x2_shape}")
     if len(x1_shape) not in (1, 2):
-        raise ValueError(f"x1 and x2 must be (N, D) or (D,), got {len(x1_shape)} dims: {x1_shape}")
+        raise ValueError(f"{both} must be (N, D) or (D,), got {len(x1_shape)} dims: {x1_shape}")
     batched = len(x1_shape) == 2
     n_rows, n_dim = x1_shape if batched else (1, x1_shape[0])
     want = (n_rows,) if batched else ()
     if target_shape != want:
         raise ValueError(f"target must have shape {want} for inputs {x1_shape}, got {target_shape}")
     if n_dim == 0:
-        raise ValueError(f"D must be at least 1 (a row of no elements has no cosine), got {x1_shape}")
+        raise ValueError(f"D must be at least 1 (an empty row has no cosine), got {x1_shape}")
     return int(n_rows), int(n_dim), batched
 
 
@@ -151,10 +153,13 @@ def check_inputs(x1, x2, target, margin, reduction) -> Problem:
     )
 
 
-def check_gpu_n_dim(n_dim: int, max_n_dim: int) -> None:
-    """The GPU kernels hold a row in registers: rows longer than max_n_dim have no kernel yet."""
+def check_gpu_problem(n_rows: int, n_dim: int, max_n_dim: int) -> None:
+    """What the GPU kernels take: rows of at most max_n_dim elements (a row is held in
+    registers), and a row count that fits their `int n_rows` and the grid's x dimension."""
     if n_dim > max_n_dim:
         raise ValueError(f"the GPU kernels take D up to {max_n_dim}, got D = {n_dim}")
+    if n_rows >= 2**31:
+        raise ValueError(f"the GPU kernels take fewer than 2**31 rows, got N = {n_rows}")
 
 
 def first_bad_label(target) -> tuple[int, float] | None:
