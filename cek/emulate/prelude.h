@@ -23,7 +23,8 @@
 //   - a shuffle reading a lane that has exited, does not exist or is not in the mask;
 //   - no runnable thread left (deadlock); a misaligned vector access (-fsanitize=alignment).
 // Not emulated: spin-waits on memory (threads are never preempted, so one hangs the launch),
-// warp-synchronous code without __*_sync, and anything not listed above.
+// warp-synchronous code without __*_sync, inline PTX (`asm`: guard it with #ifdef __CUDA_ARCH__
+// and give a C++ fallback, as kernels/cek_types.cuh does), and anything not listed above.
 #pragma once
 
 #define __global__
