@@ -88,7 +88,7 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
         cast = kernel.check_args(args, (cupy.ndarray,))
         device = cupy.cuda.Device().id
         for spec, value in zip(kernel.args, cast):
-            if spec.is_pointer and value.device.id != device:
+            if spec.is_pointer and value is not None and value.device.id != device:
                 raise TypeError(f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
         function(tuple(grid), tuple(block), cast, shared_mem=shared_mem, stream=stream)
 
