@@ -132,8 +132,11 @@ def compare(got: dict, want: dict, size: dict, dtype: str = "f32") -> tuple[floa
             bad &= ~(too_large & (out == np.copysign(np.inf, ref)))
         finite = np.isfinite(ref)
         if finite.any():
+            # Relative to the larger of the value and the size it is judged by: a gradient of
+            # 1e-13 that is EPS noise in a difference of two 1e6 terms is not a relative error of 1.
+            scale = np.maximum(np.maximum(np.abs(ref), size[name]), 1e-30)
             max_abs = max(max_abs, float(np.max(err[finite])))
-            max_rel = max(max_rel, float(np.max(err[finite] / np.maximum(np.abs(ref[finite]), 1e-30))))
+            max_rel = max(max_rel, float(np.max((err / scale)[finite])))
         if bad.any():
             where = tuple(np.argwhere(bad)[0])
             failures.append(f"{name}{list(map(int, where))}: got {out[where]!r}, want {ref[where]!r} "

@@ -127,3 +127,42 @@ def test_check_on_gpu_without_a_device_exits_1_and_says_so(run, monkeypatch):
 def test_check_sanitize_needs_the_emulator(run):
     result = run("check", "--device", "gpu", "--sanitize", "thread")
     assert result.exit_code == 2
+
+
+@pytest.mark.emulator
+def test_check_on_the_emulator_prints_a_table_and_passes(run):
+    result = run("check", "--device", "cpu", "--kernel", "fused", "--n-dim", "33",
+                 "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "cosine_embedding_loss" in line]
+    assert len(lines) == 3  # one per margin
+    assert all("cosine_embedding_loss_fused__bf16__64" in line and "cpu-emulator" in line
+               and line.rstrip().endswith("PASS") for line in lines)
+
+
+@pytest.mark.emulator
+def test_check_exits_1_on_a_wrong_result(run, monkeypatch):
+    from cek import check
+
+    real = check.expected
+
+    def off_by_a_little(kernel, inputs, margin):
+        want, size = real(kernel, inputs, margin)
+        return {k: v + 0.01 for k, v in want.items()}, size
+
+    monkeypatch.setattr(check, "expected", off_by_a_little)
+    result = run("check", "--device", "cpu", "--kernel", "forward", "--n-dim", "8")
+    assert result.exit_code == 1
+    assert "FAIL" in result.stdout and "FAIL cosine_embedding_loss_forward__f32__8" in result.stderr
+
+
+def test_check_reports_a_kernel_error_and_exits_1(run, monkeypatch):
+    from cek import check
+
+    def broken(kernel, launch, device, inputs, margin):
+        raise RuntimeError("cek_row.cuh:120: barrier reached by 31 of 32 threads")
+
+    monkeypatch.setattr(check, "run_case", broken)
+    result = run("check", "--device", "cpu", "--kernel", "forward", "--n-dim", "8")
+    assert result.exit_code == 1
+    assert "cek_row.cuh:120: barrier reached" in result.output
