@@ -211,3 +211,24 @@ def test_only_optional_pointers_take_none():
     with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
         fused.check_args(args, (np.ndarray,))
 
+
+
+def test_a_gpu_launch_without_a_device_is_one_clear_error(monkeypatch):
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    with pytest.raises(gpu.NoDeviceError, match="no CUDA device found; `cek check --device cpu`"):
+        gpu.launch(cek.CosineEmbeddingLossForward(8), *([None] * 7))
+    monkeypatch.setattr(gpu, "cupy_or_none", lambda: None)
+    with pytest.raises(gpu.NoDeviceError, match=r"needs CuPy: pip install 'cek\[cuda12\]'"):
+        gpu.load(cek.CosineEmbeddingLossForward(8))
+
+
+def test_import_cek_needs_neither_cupy_nor_a_gpu():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['cupy'] = None; import cek; "
+            "print(cek.gpu.device_count(), cek.CosineEmbeddingLossFused(8).id)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "cosine_embedding_loss_fused__f32__8"]
