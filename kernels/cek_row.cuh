@@ -125,25 +125,24 @@ __device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
 }
 
 // Sums over the block and gives every thread the totals. One barrier: each warp publishes its
-// partials and every thread adds all of them itself (at most 32 broadcast reads from shared
-// memory), which costs less than a second barrier to broadcast one total. The summation order
-// is fixed, so results are bitwise reproducible. Call once per kernel: the shared array is not
-// protected against reuse.
+// partials, then every warp reads them all at once (lane w takes warp w's) and reduces them with
+// shuffles: one shared-memory load and 15 shuffles per warp, where looping over up to 32
+// partials in every thread costs 96 loads per thread (a 1024-thread block issues ~3000 warp
+// loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
+// only commutes operands), so all threads hold the same bits, run after run. Call once per
+// kernel: the shared array is not protected against reuse.
 template <typename Acc>
 __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
     v = cek_group_sum<CEK_WARP>(v);
     const int n_warps = blockDim.x / CEK_WARP;
     if (n_warps == 1) return v;
     __shared__ CekSums<Acc> partial[CEK_MAX_THREADS / CEK_WARP];
-    if (threadIdx.x % CEK_WARP == 0) partial[threadIdx.x / CEK_WARP] = v;
+    const int lane = threadIdx.x % CEK_WARP;
+    if (lane == 0) partial[threadIdx.x / CEK_WARP] = v;
     __syncthreads();
     CekSums<Acc> total = {0, 0, 0};
-    for (int w = 0; w < n_warps; ++w) {
-        total.sq1 += partial[w].sq1;
-        total.sq2 += partial[w].sq2;
-        total.dot += partial[w].dot;
-    }
-    return total;
+    if (lane < n_warps) total = partial[lane];
+    return cek_group_sum<CEK_WARP>(total);
 }
 
 template <typename T>
