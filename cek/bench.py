@@ -9,6 +9,11 @@ copy bandwidth measured in the same run (a device-to-device copy, bytes read plu
 
 All providers run on CuPy's current stream, the legacy default stream that PyTorch's default
 stream also is, so the events bracket the torch work as well.
+
+Dtypes. Inputs are drawn in float32 and rounded to the dtype on the device; cek runs the kernel
+of that dtype, PyTorch tensors of it (bfloat16 through its bits), and plain CuPy computes in
+float32 (float64 for f64) with the casts in the timed work, as a CuPy user with half inputs
+would.
 """
 
 from __future__ import annotations
@@ -21,12 +26,29 @@ from typing import Callable
 import numpy as np
 
 import cek
-from cek import check, gpu
+from cek import check, dtypes, gpu
 from cek.kernel import Kernel, kernel_classes
 
 PROVIDERS = ("cek", "cupy", "torch", "torch-compile")
-CHECK_ROWS = 2048  # rows compared with the float64 reference before timing
+TORCH_PROVIDERS = ("torch", "torch-compile")
+CHECK_ROWS = 2048  # rows compared with the float64 reference before timing ...
+# ... and at most about this many elements: the reference and the comparison run on the host,
+# and 2048 rows of 16384 take some 20 s per width there.
+CHECK_ELEMENTS = 1 << 21
 FLUSH_BYTES = 256 << 20  # > L2 of every current NVIDIA GPU (H100/H200: 50 MB)
+
+# PyTorch on float16/bfloat16 tensors rounds every intermediate to the storage type (the three
+# sums, their product, the cosine, each gradient term) where the kernel and the CuPy baseline,
+# computing in float32, round once. On 2^21 elements of the sweep's widths, CPU PyTorch in
+# bfloat16 is off by up to 3.4e-2 of |value| + size (9 half-ulps of 2^-8), so the kernels'
+# tolerances would refuse it. Judged at 2^-4 instead, the check still catches what it is for in
+# a baseline: a wrong formula, scale or sign, a loss off by one, float16's overflow of sq1*sq2
+# at D = 768. float16 gradients of a mean over thousands of rows are subnormal, where each of
+# PyTorch's roundings costs a whole step: that fails, rightly, by tens of percent.
+TORCH_TOLERANCES = {
+    **check.TOLERANCES,
+    **{(dtype, kind): (2**-4, 2**-4) for dtype in ("f16", "bf16") for kind in ("loss", "grad")},
+}
 
 
 @dataclass
@@ -47,6 +69,12 @@ class BenchRow:
     timestamp: str
 
 
+def check_rows(n_rows: int, n_dim: int) -> int:
+    """How many leading rows are checked: CHECK_ROWS, fewer for wide rows, never fewer than one
+    of each label of check.LABELS."""
+    return min(n_rows, CHECK_ROWS, max(len(check.LABELS), CHECK_ELEMENTS // n_dim))
+
+
 def percentiles(times_ms: list[float]) -> tuple[float, float, float]:
     """(median, p20, p80) of the repetition times."""
     t = np.asarray(times_ms, dtype=np.float64)
@@ -57,12 +85,15 @@ def gb_per_s(n_bytes: int, ms: float) -> float:
     return n_bytes / (ms * 1e-3) / 1e9
 
 
-def cupy_math(xp, x1, x2, y, margin: float, scale: float):
-    """The fused kernel's math in plain array operations (x1, x2 [N, D], y [N]): loss, dx1, dx2."""
+def cupy_math(xp, x1, x2, y, margin: float, scale, grads: bool = True):
+    """The fused kernel's math in plain array operations (x1, x2 [N, D], y [N], scale a number
+    or dy [N]): loss, dx1, dx2, the gradients None when not `grads`."""
     sq1, sq2, dot = (x1 * x1).sum(1), (x2 * x2).sum(1), (x1 * x2).sum(1)
     r1, r2 = 1 / xp.sqrt(sq1 + 1e-12), 1 / xp.sqrt(sq2 + 1e-12)
     c = dot * r1 * r2
     loss = xp.where(y == 1, 1 - c, xp.where(y == -1, xp.where(c <= margin, 0, c - margin), 0))
+    if not grads:
+        return loss.astype(x1.dtype), None, None
     coeff = xp.where(y == 1, -scale, xp.where((y == -1) & (c > margin), scale, 0)).astype(x1.dtype)
     p, q1, q2 = coeff * r1 * r2, coeff * c * r1 * r1, coeff * c * r2 * r2
     dx1 = p[:, None] * x2 - q1[:, None] * x1
@@ -71,23 +102,33 @@ def cupy_math(xp, x1, x2, y, margin: float, scale: float):
 
 
 class Bench:
-    """One GPU, one problem size: inputs, providers, timer."""
+    """One GPU, one problem size, one dtype: inputs, providers, timer."""
 
-    def __init__(self, n_rows: int, n_dim: int, repeat: int, seed: int = 0):
+    def __init__(self, n_rows: int, n_dim: int, repeat: int, dtype: str = "f32", seed: int = 0):
         self.cupy = gpu.require_cupy()
         cp = self.cupy
-        self.n_rows, self.n_dim, self.repeat = n_rows, n_dim, repeat
-        host = check.make_inputs(min(n_rows, CHECK_ROWS), n_dim, seed)
+        self.n_rows, self.n_dim, self.repeat, self.dtype = n_rows, n_dim, repeat, dtype
+        self.check_rows = check_rows(n_rows, n_dim)
+        acc = dtypes.get(dtype).acc
+        # No zero row: it is an edge case of the semantics (`cek check` has it), and in
+        # float16 PyTorch gives NaN there (EPS underflows), which is not what the check asks.
+        host = check.make_inputs(self.check_rows, n_dim, seed, zero_row=False, dtype=dtype)
         rng = cp.random.default_rng(seed)
-        self.x1 = rng.standard_normal((n_rows, n_dim), dtype=cp.float32)
-        self.x2 = rng.standard_normal((n_rows, n_dim), dtype=cp.float32)
-        self.x1[: len(host["y"])] = cp.asarray(host["x1"])
-        self.x2[: len(host["y"])] = cp.asarray(host["x2"])
-        self.y = cp.where(rng.random(n_rows) < 0.5, 1.0, -1.0).astype(cp.float32)
+        self.x1, self.x2 = (self._random_rows(rng, host[name]) for name in ("x1", "x2"))
+        self.y = cp.where(rng.random(n_rows) < 0.5, 1.0, -1.0).astype(acc)
         self.y[: len(host["y"])] = cp.asarray(host["y"])
-        self.dy = cp.ones(n_rows, cp.float32)
-        self.host = {**host, "dy": np.ones(len(host["y"]), np.float32)}
-        self._flush = cp.empty(FLUSH_BYTES // 4, cp.float32)
+        self.dy = cp.ones(n_rows, acc)
+        self.host = {**host, "dy": np.ones(len(host["y"]), acc)}
+        self._flush = cp.empty(max(1, FLUSH_BYTES // 4), cp.float32)
+
+    def _random_rows(self, rng, first: np.ndarray):
+        """[n_rows, n_dim] of the dtype, drawn in float32 and rounded on the device (a host
+        draw of 10^8 values would take longer than the benchmark), the first rows `first`."""
+        cp = self.cupy
+        values = rng.standard_normal((self.n_rows, self.n_dim), dtype=cp.float32)
+        x = dtypes.from_float(values, self.dtype, cp)
+        x[: len(first)] = cp.asarray(first)
+        return x
 
     def time(self, fn: Callable[[], object], warmup: int = 5) -> list[float]:
         cp = self.cupy
@@ -105,9 +146,10 @@ class Bench:
         return [cp.cuda.get_elapsed_time(s, e) for s, e in events]
 
     def copy_bandwidth(self) -> float:
-        """GB/s of a device-to-device copy of the inputs' size (bytes read plus written)."""
+        """GB/s of a device-to-device copy of both inputs' bytes, at least FLUSH_BYTES so that
+        it does not run in L2 (bytes read plus written)."""
         cp = self.cupy
-        src = cp.empty(max(self.x1.size * 2, 64 << 20), cp.float32)
+        src = cp.empty(max(2 * self.x1.nbytes, FLUSH_BYTES) // 4, cp.float32)
         dst = cp.empty_like(src)
         median, _, _ = percentiles(self.time(lambda: cp.copyto(dst, src)))
         return gb_per_s(2 * src.nbytes, median)
@@ -115,54 +157,81 @@ class Bench:
 
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
     """Provider name -> (run, outputs): run() launches, outputs() gives name -> host array."""
-    cp = bench.cupy
-    n, d = bench.n_rows, bench.n_dim
     short = kernel.name.rsplit("_", 1)[1]
-    out = {}
-    args, outputs = check.build_args(kernel, {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
-                                             "dy": bench.dy if short == "backward" else None,
-                                             "scale": 1.0 / n}, margin)
-    device_args = [cp.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
-    device_out = {spec.name: a for spec, a in zip(kernel.args, device_args) if spec.output}
-    function = gpu.load(kernel)
-    grid, block, smem = kernel.launch_config(n, d)
-    cast = kernel.check_args(device_args, (cp.ndarray,))
-    raw = gpu.get_function(kernel)
-    out["cek"] = (lambda: raw(grid, block, cast, shared_mem=smem),
-                  lambda: {k: cp.asnumpy(v[:CHECK_ROWS]) for k, v in device_out.items()})
-    function(grid, block, cast, shared_mem=smem)  # checked once through the checking launcher
-
+    out = {"cek": _cek_provider(bench, kernel, short, margin)}
     if "cupy" in wanted:
-        out["cupy"] = _cupy_provider(cp, bench, short, margin)
-    if {"torch", "torch-compile"} & set(wanted):
+        out["cupy"] = _cupy_provider(bench.cupy, bench, short, margin)
+    if set(TORCH_PROVIDERS) & set(wanted):
         try:
             import torch
         except ImportError:
             torch = None
         if torch is not None:
-            for name in ("torch", "torch-compile"):
+            for name in TORCH_PROVIDERS:
                 if name in wanted:
                     out[name] = _torch_provider(torch, bench, short, margin, name == "torch-compile")
     return out
 
 
+def _cek_provider(bench: Bench, kernel: Kernel, short: str, margin: float):
+    cp = bench.cupy
+    n, d = bench.n_rows, bench.n_dim
+    args, device_out = check.build_args(kernel, {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
+                                                 "dy": bench.dy if short == "backward" else None,
+                                                 "scale": 1.0 / n}, margin, xp=cp)
+    grid, block, smem = kernel.launch_config(n, d)
+    gpu.load(kernel)(grid, block, args, shared_mem=smem)  # once through every check
+    # Timed: the compiled function itself, without the per-launch checks of gpu.load.
+    cast = kernel.check_args(args, (cp.ndarray,))
+    raw = gpu.get_function(kernel)
+    return (lambda: raw(grid, block, cast, shared_mem=smem),
+            lambda: {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()})
+
+
 def _cupy_provider(cp, bench: Bench, short: str, margin: float):
-    result = {}
-    scale = 1.0 if short == "backward" else 1.0 / bench.n_rows
+    """What a CuPy user writes: half inputs widened to float32 (float64 stays), the math, the
+    gradients rounded back to the dtype; the casts are part of the timed work."""
+    dtype, result = bench.dtype, {}
+    scale = bench.dy if short == "backward" else 1.0 / bench.n_rows
+    half = dtype in ("f16", "bf16")
 
     def run():
-        loss, dx1, dx2 = cupy_math(cp, bench.x1, bench.x2, bench.y, margin, scale)
-        result.update({"out": loss, "loss": loss, "dx1": dx1, "dx2": dx2})
+        x1, x2 = dtypes.widen(bench.x1, dtype, cp), dtypes.widen(bench.x2, dtype, cp)
+        loss, dx1, dx2 = cupy_math(cp, x1, x2, bench.y, margin, scale, grads=short != "forward")
+        if short == "forward":
+            result["out"] = loss
+            return
+        if half:
+            dx1, dx2 = dtypes.from_float(dx1, dtype, cp), dtypes.from_float(dx2, dtype, cp)
+        result.update({"loss": loss, "dx1": dx1, "dx2": dx2})
 
-    return run, lambda: {k: cp.asnumpy(v[:CHECK_ROWS]) for k, v in result.items()}
+    return run, lambda: {k: cp.asnumpy(v[:bench.check_rows]) for k, v in result.items()}
+
+
+def _torch_tensor(torch, array, dtype: str):
+    """A zero-copy tensor of a CuPy array; bf16 bits through int16, which every DLPack has."""
+    if dtype == "bf16":
+        return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(array)
+
+
+def _torch_host(torch, name: str, tensor, rows: int) -> np.ndarray:
+    """The first `rows` rows on the host as check.compare reads them: a loss as float64, a
+    bfloat16 gradient as its uint16 bits."""
+    tensor = tensor[:rows].detach().cpu()
+    if name == "out":
+        return tensor.double().numpy()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
 
 
 def _torch_provider(torch, bench: Bench, short: str, margin: float, compiled: bool):
     F = torch.nn.functional
-    x1 = torch.from_dlpack(bench.x1).requires_grad_(short != "forward")
-    x2 = torch.from_dlpack(bench.x2).requires_grad_(short != "forward")
+    x1 = _torch_tensor(torch, bench.x1, bench.dtype).requires_grad_(short != "forward")
+    x2 = _torch_tensor(torch, bench.x2, bench.dtype).requires_grad_(short != "forward")
     y = torch.from_dlpack(bench.y)
-    reduction = "none" if short == "forward" else ("none" if short == "backward" else "mean")
+    reduction = "mean" if short == "fused" else "none"
     loss_fn = lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=margin, reduction=reduction)  # noqa: E731
     if compiled:
         loss_fn = torch.compile(loss_fn)
@@ -174,34 +243,38 @@ def _torch_provider(torch, bench: Bench, short: str, margin: float, compiled: bo
                 result["out"] = loss_fn(x1, x2, y)
     elif short == "backward":
         graph = loss_fn(x1, x2, y)
-        dy = torch.from_dlpack(bench.dy)
+        dy = torch.from_dlpack(bench.dy).to(graph.dtype)  # autograd wants the loss's dtype
 
         def run():
             result["dx1"], result["dx2"] = torch.autograd.grad(graph, (x1, x2), dy, retain_graph=True)
-    else:
+    else:  # a training step: the mean, then its gradients (no per-row loss to compare)
         def run():
             x1.grad = x2.grad = None
             loss = loss_fn(x1, x2, y)
             loss.backward()
             result.update({"dx1": x1.grad, "dx2": x2.grad})
 
-    def outputs():
-        got = {k: v[:CHECK_ROWS].detach().cpu().numpy() for k, v in result.items()}
-        if short == "fused":  # torch reduces to the mean; compare the gradients only
-            got.pop("loss", None)
-        return got
-
-    return run, outputs
+    return run, lambda: {k: _torch_host(torch, k, v, bench.check_rows) for k, v in result.items()}
 
 
-def check_provider(kernel: Kernel, bench: Bench, margin: float, outputs: dict) -> list[str]:
-    """Failures of a provider's first CHECK_ROWS rows against the float64 reference."""
+def expected(kernel: Kernel, bench: Bench, margin: float) -> tuple[dict, dict]:
+    """The float64 reference of the checked rows, and the size each is judged by."""
     inputs = dict(bench.host)
     if not kernel.name.endswith("_backward"):
         inputs["dy"], inputs["scale"] = None, 1.0 / bench.n_rows
-    want, size = check.expected(kernel, inputs, margin)
-    want = {k: v for k, v in want.items() if k in outputs}
-    return check.compare(outputs, want, size, kernel.dtype)[2]
+    return check.expected(kernel, inputs, margin)
+
+
+def check_provider(provider: str, dtype: str, got: dict, want: dict, size: dict) -> list[str]:
+    """Failures of a provider's outputs against the reference `want` (empty when it passes)."""
+    # PyTorch's training step reduces the loss to its mean: its per-row loss is not there.
+    skip = {"loss"} if provider in TORCH_PROVIDERS else set()
+    missing = sorted(set(want) - set(got) - skip)
+    if missing:
+        return [f"{', '.join(missing)} not computed"]
+    want = {k: v for k, v in want.items() if k not in skip}
+    tolerances = TORCH_TOLERANCES if provider in TORCH_PROVIDERS else check.TOLERANCES
+    return check.compare(got, want, size, dtype, tolerances)[2]
 
 
 def versions() -> dict:
@@ -226,33 +299,46 @@ def gpu_name(cupy) -> str:
 
 
 def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[str],
-              repeat: int, margin: float = 0.0, log=print) -> tuple[list[BenchRow], list[str]]:
+              repeat: int, margin: float = 0.0, log=print,
+              dtype: str = "f32") -> tuple[list[BenchRow], list[str]]:
     """Rows for every (kernel, provider) that passed its check, and the failures."""
-    bench = Bench(n_rows, n_dim, repeat)
+    bench = Bench(n_rows, n_dim, repeat, dtype)
     copy_gbs = bench.copy_bandwidth()
-    log(f"copy bandwidth {copy_gbs:.0f} GB/s ({n_rows}x{n_dim})")
+    log(f"copy bandwidth {copy_gbs:.0f} GB/s ({n_rows}x{n_dim} {dtype})")
     name, stamp, vers = gpu_name(bench.cupy), datetime.datetime.now().isoformat(timespec="seconds"), versions()
     rows, failures = [], []
     for short in kernel_names:
-        kernel = kernel_classes()[short].for_n_dim(n_dim)
+        kernel = kernel_classes()[short].for_n_dim(n_dim, dtype)
         n_bytes = kernel.bytes_moved(n_rows, n_dim)
+        want, size = expected(kernel, bench, margin)  # once: the reference is the slow part
         timed = {}
         for provider, (run, outputs) in providers_for(bench, kernel, providers, margin).items():
             log(f"{kernel.id} {provider} {n_rows}x{n_dim}")
-            run()
-            bench.cupy.cuda.get_current_stream().synchronize()
-            bad = check_provider(kernel, bench, margin, outputs())
+            bad = _first_run(bench, provider, run, outputs, want, size)
             if bad:
-                failures.append(f"{kernel.id} {provider}: wrong result, not timed: {bad[0]}")
+                failures.append(f"{kernel.id} {provider} {n_rows}x{n_dim}: {bad}, not timed")
                 continue
             timed[provider] = percentiles(bench.time(run))
         cek_ms = timed.get("cek", (None,))[0]
         for provider, (median, p20, p80) in timed.items():
             speedup = None if cek_ms is None or provider == "cek" else median / cek_ms
             gbs = gb_per_s(n_bytes, median)
-            rows.append(BenchRow(short, provider, "f32", n_rows, n_dim, median, p20, p80, gbs,
+            rows.append(BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
                                  100 * gbs / copy_gbs, speedup, name, vers, stamp))
     return rows, failures
+
+
+def _first_run(bench: Bench, provider: str, run, outputs, want: dict, size: dict) -> str:
+    """Why a provider must not be timed ("" when its first run is right). A baseline that
+    raises (torch.compile without a working compiler, say) is a failure of that provider
+    alone: the other numbers of the sweep still come out."""
+    try:
+        run()
+        bench.cupy.cuda.get_current_stream().synchronize()
+        bad = check_provider(provider, bench.dtype, outputs(), want, size)
+    except Exception as exc:  # noqa: BLE001 - reported, with its type, as the failure
+        return f"raised {type(exc).__name__}: {exc}"
+    return f"wrong result: {bad[0]}" if bad else ""
 
 
 def as_dicts(rows: list[BenchRow]) -> list[dict]:

@@ -76,8 +76,9 @@ def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
     return want, size
 
 
-def build_args(kernel: Kernel, inputs: dict, margin: float) -> tuple[tuple, dict]:
-    """Launch args in the kernel's order, with NaN-filled outputs (returned by name too)."""
+def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tuple, dict]:
+    """Launch args in the kernel's order, with NaN-filled outputs (returned by name too) made
+    by the array module `xp` (CuPy for outputs on the device)."""
     n_rows, n_dim = inputs["x1"].shape
     sizes = {"n_rows": n_rows, "n_dim": n_dim}
     outputs, args = {}, []
@@ -85,9 +86,9 @@ def build_args(kernel: Kernel, inputs: dict, margin: float) -> tuple[tuple, dict
         if spec.output:
             shape = [sizes[s] for s in spec.shape]
             if spec.ctype == "T*":
-                outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype)
+                outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype, xp)
             else:
-                outputs[spec.name] = np.full(shape, np.nan, kernel.arg_dtype(spec))
+                outputs[spec.name] = xp.full(shape, xp.nan, kernel.arg_dtype(spec))
             args.append(outputs[spec.name])
         elif spec.name in sizes:
             args.append(sizes[spec.name])
@@ -115,14 +116,16 @@ def output_kind(name: str) -> str:
     return "grad" if name.startswith("dx") else "loss"
 
 
-def compare(got: dict, want: dict, size: dict, dtype: str = "f32") -> tuple[float, float, list[str]]:
-    """Max abs and rel error over all outputs, and what failed (empty when all pass)."""
+def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
+            tolerances: dict = TOLERANCES) -> tuple[float, float, list[str]]:
+    """Max abs and rel error over all outputs, and what failed (empty when all pass), judged by
+    `tolerances` (a table keyed as TOLERANCES; cek.bench has one for baselines)."""
     max_abs = max_rel = 0.0
     failures = []
     for name, ref in want.items():
         out = dtypes.to_float64(got[name], dtype) if output_kind(name) == "grad" else \
             np.asarray(got[name], np.float64)
-        rtol, atol = TOLERANCES[dtype, output_kind(name)]
+        rtol, atol = tolerances[dtype, output_kind(name)]
         err = np.abs(out - ref)
         floor = dtypes.smallest_step(dtype) if output_kind(name) == "grad" else 0.0
         bad = ~(err <= atol * size[name] + rtol * np.abs(ref) + floor)

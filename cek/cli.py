@@ -246,7 +246,9 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
 
 def _n_rows(value: str, n_dim: int) -> int:
     if value == "auto":
-        return max(1, round(5e7 / n_dim))  # N*D ~ 5e7: 200 MB per float32 input, far above L2
+        # N*D ~ 5e7 for every dtype (the same shapes): 200 MB per float32 input, 100 MB per
+        # bfloat16 one, far above L2.
+        return max(1, round(5e7 / n_dim))
     return int(value)
 
 
@@ -257,7 +259,9 @@ def _n_rows(value: str, n_dim: int) -> int:
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES + ["all"]),
               multiple=True, default=["fused"], show_default=True, help="Repeatable.")
-@click.option("--dtype", type=click.Choice(["f32", "bf16", "f16"]), default="f32", show_default=True)
+@click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES), multiple=True,
+              default=["f32"], show_default=True,
+              help="Element type of x1, x2, dx1, dx2 (repeatable).")
 @click.option("--baseline", default="cupy,torch,torch-compile", show_default=True,
               help="Comma-separated baselines: cupy, torch, torch-compile (or 'none').")
 @click.option("--repeat", type=click.IntRange(50, None), default=100, show_default=True,
@@ -267,18 +271,20 @@ def _n_rows(value: str, n_dim: int) -> int:
               help="Write the rows as JSON here.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of GB/s against D per provider (needs matplotlib).")
-def bench_command(n_dims, n_rows, kernel_names, dtype, baseline, repeat, margin, json_file,
+def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, margin, json_file,
                   plot_file) -> None:
     """Time kernels against plain CuPy, PyTorch eager and torch.compile on the GPU.
 
     Each provider is checked against the float64 reference first; a wrong one is not timed.
     Reports median/p20/p80 ms, GB/s from the kernel's bytes formula, % of the copy bandwidth
-    measured in the same run, and cek's speed-up over each baseline.
+    measured in the same run, and cek's speed-up over each baseline. With --dtype f16 or bf16,
+    CuPy computes in float32 (casts timed) and PyTorch in the dtype itself.
 
     \b
     Examples:
       cek bench --n-dim 768
       cek bench --n-dim 128 --n-dim 768 --n-dim 4096 --n-rows auto --kernel all --json out.json
+      cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch
     """
     from cek import bench, gpu
 
@@ -288,8 +294,6 @@ def bench_command(n_dims, n_rows, kernel_names, dtype, baseline, repeat, margin,
         raise click.UsageError(f"unknown baseline {unknown[0]!r}; choose from cupy, torch, torch-compile")
     if n_rows != "auto" and (not n_rows.isdigit() or int(n_rows) < 1):
         raise click.UsageError(f"--n-rows must be a positive integer or 'auto', got {n_rows!r}")
-    if dtype != "f32":
-        raise click.UsageError(f"--dtype {dtype}: the kernels are float32 only so far")
     if gpu.device_count() == 0:
         click.echo("cek bench: no CUDA device; `cek check --device cpu` and `cek compile` work "
                    "without one", err=True)
@@ -298,21 +302,25 @@ def bench_command(n_dims, n_rows, kernel_names, dtype, baseline, repeat, margin,
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)
     kernels = KERNEL_NAMES if "all" in kernel_names else list(dict.fromkeys(kernel_names))
+    dtype_names = list(dict.fromkeys(dtype_names))
     rows, failures = [], []
-    for n_dim in n_dims:
-        got, bad = bench.run_bench(kernels, _n_rows(n_rows, n_dim), n_dim, ["cek", *baselines],
-                                   repeat, margin, log=lambda m: click.echo(m, err=True))
-        rows += bench.as_dicts(got)
-        failures += bad
+    for dtype in dtype_names:
+        for n_dim in n_dims:
+            got, bad = bench.run_bench(kernels, _n_rows(n_rows, n_dim), n_dim, ["cek", *baselines],
+                                       repeat, margin, log=lambda m: click.echo(m, err=True),
+                                       dtype=dtype)
+            rows += bench.as_dicts(got)
+            failures += bad
     for r in rows:
         speedup = r["speedup_of_cek"]
         r["cek_speedup"] = "" if speedup is None else f"{speedup:.2f}x"
         r["shape"] = f"{r['n_rows']}x{r['n_dim']}"
-    click.echo(_table([{**r, **{k: f"{r[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")},
-                        "gb_per_s": f"{r['gb_per_s']:.0f}", "pct_of_copy": f"{r['pct_of_copy']:.1f}"}
-                       for r in rows],
-                      ["kernel", "provider", "shape", "median_ms", "p20_ms", "p80_ms", "gb_per_s",
-                       "pct_of_copy", "cek_speedup"]))
+    if rows:  # every provider may have failed its check
+        click.echo(_table([{**r, **{k: f"{r[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")},
+                            "gb_per_s": f"{r['gb_per_s']:.0f}",
+                            "pct_of_copy": f"{r['pct_of_copy']:.1f}"} for r in rows],
+                          ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms", "p80_ms",
+                           "gb_per_s", "pct_of_copy", "cek_speedup"]))
     if json_file is not None:
         json_file.write_text(json.dumps([{k: v for k, v in r.items()
                                           if k not in ("cek_speedup", "shape")} for r in rows],
@@ -320,6 +328,8 @@ def bench_command(n_dims, n_rows, kernel_names, dtype, baseline, repeat, margin,
     if plot_file is not None:
         from cek.plot import plot_bandwidth
 
+        if len(dtype_names) > 1:  # one line per (kernel, provider, dtype)
+            rows = [{**r, "provider": f"{r['provider']} {r['dtype']}"} for r in rows]
         plot_bandwidth(rows, plot_file)
     for failure in failures:
         click.echo(f"FAIL {failure}", err=True)

@@ -2,7 +2,8 @@
 
 NumPy has no bfloat16, so a bf16 array is a uint16 array holding the bits (the same bits as a
 torch.bfloat16 tensor viewed as int16). `to_float64` and `from_float` convert both ways, with
-round-to-nearest-even like the kernels.
+round-to-nearest-even like the kernels. `widen` and `from_float` take an array module `xp`
+(NumPy by default, or CuPy), so that a benchmark converts on the device with the same code.
 """
 
 from __future__ import annotations
@@ -45,19 +46,28 @@ def get(name: str) -> DType:
 
 def to_float64(array: np.ndarray, dtype: str) -> np.ndarray:
     """Values of an array of `dtype` (bf16: its bits) as float64."""
+    array = np.asarray(array)
+    return (widen(array, dtype) if dtype == "bf16" else array).astype(np.float64)
+
+
+def widen(array, dtype: str, xp=np):
+    """Values of an array of `dtype` in at least float32 (bf16: its bits; float64 stays),
+    on `xp`'s device: a bfloat16 is the top half of a float32."""
     if dtype == "bf16":
-        return (np.asarray(array, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.asarray(array).astype(np.float64)
+        return (xp.asarray(array, xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
+    if dtype == "f16":
+        return array.astype(xp.float32)
+    return array
 
 
-def from_float(values, dtype: str) -> np.ndarray:
+def from_float(values, dtype: str, xp=np):
     """float values rounded to `dtype` (bf16: to its bits, nearest even; NaN stays NaN)."""
     if dtype != "bf16":
-        return np.asarray(values).astype(DTYPES[dtype].array)
-    bits = np.asarray(values, np.float32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return xp.asarray(values).astype(DTYPES[dtype].array)
+    bits = xp.asarray(values, xp.float32).view(xp.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(xp.uint16)
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+    return xp.where(nan, ((bits >> 16) | 0x40).astype(xp.uint16), rounded)
 
 
 def smallest_step(dtype: str) -> float:
@@ -71,5 +81,5 @@ def overflow_threshold(dtype: str) -> float:
     return 65520.0 if dtype == "f16" else np.inf
 
 
-def nan_filled(shape, dtype: str) -> np.ndarray:
-    return from_float(np.full(shape, np.nan, np.float32), dtype)
+def nan_filled(shape, dtype: str, xp=np):
+    return from_float(xp.full(shape, xp.nan, xp.float32), dtype, xp)

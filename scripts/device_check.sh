@@ -2,7 +2,8 @@
 # One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads):
 # the gpu test tier, then a `cek bench` sweep. Results land under $OUT (default ./out) as six
 # files: env.txt, gpu_tests.log, bench.log (progress), tables.txt, bench.json, bench_fused.png.
-# Budget: about 6 minutes; each step has its own timeout so a hang cannot eat the rest.
+# Budget: about 6 minutes; each step has its own timeout so a hang cannot eat the rest (their
+# sum, 590 s, stays under a 10-minute command).
 #
 #   bash scripts/device_check.sh            # from the repository root
 set -uo pipefail
@@ -34,6 +35,10 @@ bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` run, its JSON kept in $
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
 bench sweep_fused 150 $DIMS --n-rows auto --kernel fused --repeat 50 \
     --baseline cupy,torch,torch-compile --plot "$OUT/bench_fused.png"
+# The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16 (no
+# torch.compile: it would compile every shape again). Its rows go to bench.json and tables.txt.
+bench sweep_fused_bf16 60 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+    --baseline cupy,torch
 bench sweep_fwd_bwd 90 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # 3. The targets' shapes exactly: 65536x768 (all kernels), 8192x4096 and 1048576x128 (fused).

@@ -1,19 +1,31 @@
-"""`cek bench`: its arithmetic and its CuPy baseline on the CPU; a small real run in the gpu tier."""
+"""`cek bench`: its arithmetic and its CuPy baseline on the CPU; the whole bench on the stand-in
+for CuPy (tests/fake_cupy.py) with the emulator as the GPU; a small real run in the gpu tier."""
 
+import dataclasses
+import datetime
 import json
 
+import fake_cupy
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cek import bench, check, reference
+from cek import bench, check, dtypes, reference
 from cek.cli import main
+from cek.kernel import kernel_classes
 
 
 def test_percentiles_and_bandwidth_arithmetic():
     median, p20, p80 = bench.percentiles([float(i) for i in range(1, 101)])
     assert (median, p20, p80) == (50.5, pytest.approx(20.8), pytest.approx(80.2))
     assert bench.gb_per_s(2_000_000_000, 1000.0) == 2.0
+
+
+def test_checked_rows_shrink_for_wide_rows():
+    assert bench.check_rows(65536, 768) == 2048
+    assert bench.check_rows(3052, 16384) == 128  # 2^21 elements
+    assert bench.check_rows(4, 1 << 20) == 4  # one row of each label
+    assert bench.check_rows(7, 8) == 7
 
 
 @pytest.mark.parametrize("margin, scale", [(0.0, 1.0), (0.5, 1 / 7), (-0.5, 1.0)])
@@ -44,7 +56,7 @@ def test_bench_without_a_gpu_exits_2_with_one_line(monkeypatch):
     (["--baseline", "numba"], "unknown baseline 'numba'"),
     (["--n-rows", "-3"], "--n-rows must be a positive integer or 'auto'"),
     (["--repeat", "10"], "10 is not in the range x>=50"),
-    (["--dtype", "bf16"], "float32 only"),
+    (["--dtype", "bf8"], "Invalid value for '--dtype'"),
 ])
 def test_bench_usage_errors(args, message):
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768", *args])
@@ -65,10 +77,179 @@ def test_plot_writes_a_png(tmp_path):
 def test_bench_runs_checks_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768", "--n-rows", "4096",
-                                       "--kernel", "all", "--repeat", "50", "--json", str(out)])
+                                       "--kernel", "all", "--dtype", "f32", "--dtype", "bf16",
+                                       "--baseline", "cupy,torch", "--repeat", "50",
+                                       "--json", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert {r["provider"] for r in rows} >= {"cek", "cupy"}
+    assert {r["dtype"] for r in rows} == {"f32", "bf16"}
     assert all(r["gb_per_s"] > 0 and 0 < r["pct_of_copy"] for r in rows)
     assert {"kernel", "provider", "dtype", "n_rows", "n_dim", "median_ms", "p20_ms", "p80_ms",
             "gb_per_s", "pct_of_copy", "gpu", "versions", "timestamp"} <= set(rows[0])
+
+
+# -- the whole bench on the stand-in -------------------------------------------------------------
+
+KERNELS = list(kernel_classes())
+SHAPES = [(64, 8), (8, 768)]  # row groups; registers. Both have more rows than are checked.
+PROVIDERS = ["cek", "cupy", "torch"]  # torch-compile would compile C++ for minutes
+FAKE = fake_cupy.FAKE_MS * 10  # what one timing of 50 repetitions reads
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """The stand-in for CuPy, with the flush buffer down to one float (its size is a GPU's L2
+    matter) and fewer checked rows than the shapes have, so the host rows are a prefix."""
+    pytest.importorskip("torch", reason="the torch baseline runs on CPU tensors")
+    s = fake_cupy.install(monkeypatch)
+    monkeypatch.setattr(bench, "FLUSH_BYTES", 4)
+    monkeypatch.setattr(bench, "CHECK_ROWS", 6)
+    return s
+
+
+def _short(failure: str) -> tuple[str, str]:
+    """(kernel, provider) of a failure line "<kernel id> <provider> <N>x<D>: why"."""
+    kernel_id, provider = failure.split()[:2]
+    return kernel_id.split("__")[0].rsplit("_", 1)[1], provider
+
+
+def _bytes(kernel: str, dtype: str, n: int, d: int) -> int:
+    return kernel_classes()[kernel].for_n_dim(d, dtype).bytes_moved(n, d)
+
+
+def _refused(dtype: str, d: int) -> set:
+    """Providers right to fail: PyTorch in float16 at D = 768, where sq1*sq2 (~768^2) overflows
+    float16 to inf, the cosine comes out 0 and the loss 1 (README: eager PyTorch gives 1 there)."""
+    return {(k, "torch") for k in KERNELS} if (dtype, d) == ("f16", 768) else set()
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("dtype", list(dtypes.DTYPES))
+def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
+    """run_bench as on a GPU, with NumPy as CuPy and the emulator as the kernels; PyTorch on CPU
+    tensors shared through DLPack. The timing numbers are meaningless here: each pair of fake
+    CUDA events reports the next of FAKE_MS, so every timing of 50 repetitions has the same
+    median, p20 and p80, and what is checked is the arithmetic on them (GB/s from the kernel's
+    bytes formula, % of the copy, the speed-up), not a speed. What is real: the inputs of the
+    dtype, every provider's first run judged against the float64 reference of the host inputs
+    (so the device inputs begin with them), the kernel of the dtype launched through cek.gpu's
+    checks, and each provider timed only when right."""
+    median, p20, p80 = np.median(FAKE), np.percentile(FAKE, 20), np.percentile(FAKE, 80)
+    for n, d in SHAPES:
+        standin.launches.clear()
+        reads = standin.elapsed_reads
+        rows, failures = bench.run_bench(KERNELS, n, d, PROVIDERS, 50, log=lambda m: None,
+                                         dtype=dtype)
+        assert {_short(f) for f in failures} == _refused(dtype, d), failures
+        assert all("wrong result" in f and f.endswith("not timed") for f in failures)
+        timed = {(k, p) for k in KERNELS for p in PROVIDERS} - _refused(dtype, d)
+        assert sorted((r.kernel, r.provider) for r in rows) == sorted(timed)
+        # One timing for the copy and one per right provider, 50 repetitions each.
+        assert standin.elapsed_reads - reads == 50 * (1 + len(timed))
+        # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed.
+        for kernel in KERNELS:
+            block = kernel_classes()[kernel].for_n_dim(d, dtype).block_size
+            assert standin.ids().count(f"cosine_embedding_loss_{kernel}__{dtype}__{block}") == 57
+        assert len(standin.launches) == 57 * len(KERNELS)
+
+        copy_bytes = 2 * 2 * n * d * dtypes.get(dtype).array.itemsize  # x1 and x2, read + write
+        for r in rows:
+            assert (r.dtype, r.n_rows, r.n_dim) == (dtype, n, d)
+            assert (r.median_ms, r.p20_ms, r.p80_ms) == pytest.approx((median, p20, p80))
+            n_bytes = _bytes(r.kernel, dtype, n, d)
+            assert r.gb_per_s == pytest.approx(n_bytes / (median * 1e-3) / 1e9, rel=1e-12)
+            assert r.pct_of_copy == pytest.approx(100 * n_bytes / copy_bytes, rel=1e-12)
+            assert r.speedup_of_cek == (None if r.provider == "cek" else pytest.approx(1.0))
+            assert r.gpu == fake_cupy.NAME
+            assert r.versions["cuda_runtime"] == r.versions["cuda_driver"] == fake_cupy.CUDA_VERSION
+            assert {"cek", "python", "numpy", "cupy", "torch"} <= set(r.versions)
+            datetime.datetime.fromisoformat(r.timestamp)
+
+
+@pytest.mark.emulator
+def test_bench_command_writes_json_and_a_table(standin, tmp_path):
+    """The CLI over two dtypes and every kernel; timings are the stand-in's fake ones."""
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = CliRunner().invoke(main, [
+        "bench", "--n-dim", "8", "--n-rows", "64", "--kernel", "all", "--dtype", "f32",
+        "--dtype", "bf16", "--baseline", "cupy,torch", "--repeat", "50", "--json", str(out),
+        "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert sorted((r["kernel"], r["provider"], r["dtype"]) for r in rows) == sorted(
+        (k, p, t) for k in KERNELS for p in PROVIDERS for t in ("f32", "bf16"))
+    assert set(rows[0]) == {f.name for f in dataclasses.fields(bench.BenchRow)}
+    for r in rows:
+        assert r["gb_per_s"] == pytest.approx(
+            _bytes(r["kernel"], r["dtype"], 64, 8) / (np.median(FAKE) * 1e-3) / 1e9, rel=1e-12)
+        assert (r["n_rows"], r["n_dim"], r["gpu"]) == (64, 8, fake_cupy.NAME)
+    table = result.stdout.splitlines()
+    assert table[0].split() == ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms",
+                                "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup"]
+    assert len(table) == 1 + len(rows)
+    # fused bf16: 4*2*64*8 + 2*4*64 bytes over a copy of 2*2*64*8*2: 112.5% (the per-row
+    # arrays count at this size).
+    assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "112.5",
+            "1.00x"] in [line.split() for line in table]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def _off_by_one(monkeypatch):
+    """The CuPy baseline's per-row loss made wrong by 1; its gradients stay right."""
+    right = bench.cupy_math
+
+    def wrong(*args, **kwargs):
+        loss, dx1, dx2 = right(*args, **kwargs)
+        return loss + 1, dx1, dx2
+
+    monkeypatch.setattr(bench, "cupy_math", wrong)
+
+
+@pytest.mark.emulator
+def test_a_wrong_provider_is_reported_and_not_timed(standin, monkeypatch, tmp_path):
+    _off_by_one(monkeypatch)
+    rows, failures = bench.run_bench(KERNELS, 64, 8, ["cek", "cupy"], 50, log=lambda m: None,
+                                     dtype="bf16")
+    # The backward kernel is judged on its gradients alone, which are right.
+    assert sorted(map(_short, failures)) == [("forward", "cupy"), ("fused", "cupy")]
+    assert failures[0].startswith("cosine_embedding_loss_forward__bf16__8 cupy 64x8: wrong "
+                                  "result: out[")
+    assert sorted((r.kernel, r.provider) for r in rows) == [
+        ("backward", "cek"), ("backward", "cupy"), ("forward", "cek"), ("fused", "cek")]
+    assert standin.elapsed_reads == 50 * (1 + 4)  # the copy and the four right providers
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
+                                       "forward", "--baseline", "cupy", "--repeat", "50",
+                                       "--json", str(out)])
+    assert result.exit_code == 1
+    assert "FAIL cosine_embedding_loss_forward__f32__8 cupy 64x8: wrong result: out[" in \
+        result.stderr
+    assert [(r["kernel"], r["provider"]) for r in json.loads(out.read_text())] == [
+        ("forward", "cek")]
+
+
+@pytest.mark.emulator
+def test_nothing_timed_and_a_raising_baseline_still_report(standin, monkeypatch):
+    """With every provider refused the CLI prints no table but the failures; a baseline that
+    raises is a failure of its own, and the rest of the run goes on."""
+    right = bench.check_provider
+    monkeypatch.setattr(bench, "check_provider", lambda *args: ["made up"])
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
+                                       "forward", "--baseline", "none", "--repeat", "50"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "FAIL cosine_embedding_loss_forward__f32__8 cek 64x8: wrong result: made up" in \
+        result.stderr
+
+    monkeypatch.setattr(bench, "check_provider", right)
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("no")
+
+    monkeypatch.setattr(bench, "cupy_math", broken)
+    rows, failures = bench.run_bench(["forward"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None)
+    assert failures == ["cosine_embedding_loss_forward__f32__8 cupy 64x8: raised "
+                        "FloatingPointError: no, not timed"]
+    assert [r.provider for r in rows] == ["cek"]

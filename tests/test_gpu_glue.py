@@ -1,5 +1,6 @@
 """The GPU glue without a GPU: cek.functional on CuPy arrays and cek.torch's CUDA helpers, with
-NumPy standing in for CuPy and the CPU emulator (the real kernels) standing in for the device.
+NumPy standing in for CuPy and the CPU emulator (the real kernels) standing in for the device
+(tests/fake_cupy.py, shared with tests/test_bench.py).
 
 Launches go through cek.gpu.launch and cek.gpu.load themselves; only the compiled function
 (cek.gpu.get_function, NVRTC) is replaced by the emulator. So the stand-in proves what the glue
@@ -10,15 +11,13 @@ and its stream handshake, stream ordering, device memory, CuPy's own reductions 
 gpu tier of tests/test_functional.py and tests/test_torch.py does.
 """
 
-import contextlib
-import sys
 import types
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from fake_cupy import DeviceArray, install
 
-from cek import dtypes, emulate, gpu, reference, validate
+from cek import dtypes, gpu, reference
 from cek import functional as F
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 
@@ -50,93 +49,7 @@ WIDTHS = {1: 1, 33: 64, 256: 256, 768: 1024, 20000: 32768}  # D: BLOCK_SIZE
 CUPY_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
 
 
-# -- the stand-in ------------------------------------------------------------------------------
-
-
-class DeviceArray(np.ndarray):
-    """A NumPy array posing as a cupy.ndarray on GPU 0: `.device.id`, `.data.ptr`, and 0-d
-    arrays where NumPy gives scalars (y[i]), as CuPy does."""
-
-    def __getitem__(self, index):
-        item = super().__getitem__(index)
-        return np.asarray(item).view(DeviceArray) if isinstance(item, np.generic) else item
-
-    @property
-    def device(self):
-        return types.SimpleNamespace(id=0)
-
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
-
-
-def _on_device(function):
-    """`function` of NumPy, its array result as a DeviceArray (sharing memory, like CuPy's)."""
-    return lambda *args, **kwargs: np.asarray(function(*args, **kwargs)).view(DeviceArray)
-
-
-@dataclass
-class Launch:
-    kernel_id: str
-    args: dict  # by the kernel's argument names
-    device: int | None  # the current cupy.cuda.Device at the launch
-    stream: int | None  # the cupy.cuda.ExternalStream pointer current at it, or None
-
-
-class StandIn:
-    """What the fixture yields: the fake cupy module, and the launches made through it."""
-
-    def __init__(self):
-        self.launches: list[Launch] = []
-        self.device, self.stream = 0, None
-        self.cupy = types.ModuleType("cupy")  # only what the glue uses: anything else fails
-        c = self.cupy
-        c.ndarray = DeviceArray
-        c.uint16 = np.uint16
-        for name in ("ascontiguousarray", "empty", "full", "zeros", "where"):
-            setattr(c, name, _on_device(getattr(np, name)))
-        c.may_share_memory = np.may_share_memory
-        # CPU tensors only: NumPy's DLPack import shares the tensor's memory, as CuPy's does.
-        c.from_dlpack = _on_device(np.from_dlpack)
-        standin = self
-
-        class Device:
-            """cupy.cuda.Device: `Device().id` is the current device; `with Device(i)`."""
-
-            def __init__(self, device_id=None):
-                self.id = standin.device if device_id is None else device_id
-
-            def __enter__(self):
-                self.outer, standin.device = standin.device, self.id
-
-            def __exit__(self, *exc):
-                standin.device = self.outer
-
-        c.cuda = types.SimpleNamespace(Device=Device, ExternalStream=self._enter_stream)
-
-    @contextlib.contextmanager
-    def _enter_stream(self, pointer, device_id=-1):
-        outer, self.stream = self.stream, pointer
-        try:
-            yield
-        finally:
-            self.stream = outer
-
-    def run(self, kernel, grid, block, args, *, shared_mem=0, stream=None):
-        """Launch `kernel` on the emulator, which checks `args` again, and record it."""
-        emulate.load(kernel)(grid, block, args, shared_mem=shared_mem)
-        named = {spec.name: value for spec, value in zip(kernel.args, args)}
-        self.launches.append(Launch(kernel.id, named, self.device, stream or self.stream))
-
-    def get_function(self, kernel, options=()):
-        """cek.gpu.get_function: the compiled RawKernel of `kernel`, here on the emulator."""
-        return lambda grid, block, args, **kwargs: self.run(kernel, grid, block, args, **kwargs)
-
-    def ids(self):
-        return [launch.kernel_id for launch in self.launches]
-
-    def array(self, a):
-        return np.array(a).view(DeviceArray)
+# -- the stand-in (tests/fake_cupy.py) ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -144,14 +57,7 @@ def standin(monkeypatch):
     """The stand-in in place. Launches go through cek.gpu.launch and cek.gpu.load themselves,
     with their checks (kernel.check_args against the fake cupy.ndarray, the device check):
     only get_function, which compiles with NVRTC, is replaced."""
-    s = StandIn()
-    monkeypatch.setitem(sys.modules, "cupy", s.cupy)  # restored after the test
-    monkeypatch.setattr(gpu, "require_cupy", lambda: s.cupy)
-    monkeypatch.setattr(gpu, "get_function", s.get_function)
-    kind = validate.array_kind  # a DeviceArray is also an np.ndarray: ask about it first
-    monkeypatch.setattr(validate, "array_kind",
-                        lambda value: "cupy" if isinstance(value, DeviceArray) else kind(value))
-    return s
+    return install(monkeypatch)
 
 
 # -- helpers -----------------------------------------------------------------------------------

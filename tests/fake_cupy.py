@@ -1,0 +1,183 @@
+"""A stand-in for CuPy on a machine without a GPU: NumPy arrays posing as device arrays, and the
+CPU emulator (the real kernel source) in place of the compiled kernels.
+
+Only what cek's GPU glue and `cek bench` use is there, so anything else they start to use fails
+loudly. `install(monkeypatch)` puts it in place of the `cupy` module. Launches still go through
+cek.gpu.launch and cek.gpu.load with their checks; only cek.gpu.get_function, which compiles
+with NVRTC, is replaced.
+
+It cannot stand in for what only CuPy and a driver do: the real DLPack exchange and its stream
+handshake, stream ordering, device memory, CuPy's own reductions and casts, and time: its events
+report FAKE_MS, not a measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from cek import emulate, gpu, validate
+
+# What the fake CUDA events report as elapsed milliseconds, in turn. A timing of a multiple of
+# len(FAKE_MS) repetitions sees each value equally often, so its percentiles are known.
+FAKE_MS = (0.1, 0.2, 0.3, 0.4, 0.5)
+NAME = "Stand-in GPU (NumPy and the cek emulator)"
+CUDA_VERSION = 12080
+
+
+class DeviceArray(np.ndarray):
+    """A NumPy array posing as a cupy.ndarray on GPU 0: `.device.id`, `.data.ptr`, and 0-d
+    arrays where NumPy gives scalars (y[i]), as CuPy does."""
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        return np.asarray(item).view(DeviceArray) if isinstance(item, np.generic) else item
+
+    @property
+    def device(self):
+        return types.SimpleNamespace(id=0)
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+
+def _on_device(function):
+    """`function` of NumPy, its array result as a DeviceArray (sharing memory, like CuPy's)."""
+    return lambda *args, **kwargs: np.asarray(function(*args, **kwargs)).view(DeviceArray)
+
+
+def _asarray(a, dtype=None):
+    """cupy.asarray: a device array of that dtype is itself; anything else is copied in."""
+    if isinstance(a, DeviceArray) and (dtype is None or a.dtype == dtype):
+        return a
+    return np.array(a, dtype=dtype).view(DeviceArray)
+
+
+class _Generator:
+    """cupy.random.Generator: NumPy's, its results on the device."""
+
+    def __init__(self, seed):
+        self._rng = np.random.default_rng(seed)
+
+    def standard_normal(self, size, dtype=np.float64):
+        return self._rng.standard_normal(size, dtype=dtype).view(DeviceArray)
+
+    def random(self, size):
+        return self._rng.random(size).view(DeviceArray)
+
+
+@dataclass
+class Launch:
+    kernel_id: str
+    args: dict  # by the kernel's argument names
+    device: int | None  # the current cupy.cuda.Device at the launch
+    stream: int | None  # the cupy.cuda.ExternalStream pointer current at it, or None
+
+
+class StandIn:
+    """The fake cupy module, the launches made through it, and how many event times were read
+    (each is one timed repetition) and streams synchronized."""
+
+    def __init__(self):
+        self.launches: list[Launch] = []
+        self.device, self.stream = 0, None
+        self.elapsed_reads = self.synchronizations = 0
+        self._fake_ms = itertools.cycle(FAKE_MS)
+        self.cupy = types.ModuleType("cupy")  # only what cek uses: anything else fails
+        c = self.cupy
+        c.__version__ = "0.0-standin"
+        c.ndarray = DeviceArray
+        for name in ("float16", "float32", "float64", "int16", "uint16", "uint32"):
+            setattr(c, name, getattr(np, name))
+        for name in ("ascontiguousarray", "empty", "empty_like", "full", "ones", "zeros", "where",
+                     "sqrt"):
+            setattr(c, name, _on_device(getattr(np, name)))
+        c.asarray = _asarray
+        c.asnumpy = lambda a: np.array(a)  # a host copy, a plain ndarray
+        c.copyto = np.copyto
+        c.nan = np.nan
+        c.may_share_memory = np.may_share_memory
+        # CPU tensors only: NumPy's DLPack import shares the tensor's memory, as CuPy's does.
+        c.from_dlpack = _on_device(np.from_dlpack)
+        c.random = types.SimpleNamespace(default_rng=_Generator)
+        c.cuda = types.SimpleNamespace(
+            Device=self._device_class(), ExternalStream=self._enter_stream,
+            Event=lambda: types.SimpleNamespace(record=lambda stream=None: None),
+            get_elapsed_time=self._elapsed_time,
+            get_current_stream=lambda: types.SimpleNamespace(synchronize=self._synchronize),
+            runtime=types.SimpleNamespace(
+                getDeviceCount=lambda: 1,
+                getDeviceProperties=lambda device_id: {"name": NAME.encode()},
+                runtimeGetVersion=lambda: CUDA_VERSION,
+                driverGetVersion=lambda: CUDA_VERSION,
+            ),
+        )
+
+    def _device_class(self):
+        standin = self
+
+        class Device:
+            """cupy.cuda.Device: `Device().id` is the current device; `with Device(i)`."""
+
+            def __init__(self, device_id=None):
+                self.id = standin.device if device_id is None else device_id
+
+            def __enter__(self):
+                self.outer, standin.device = standin.device, self.id
+
+            def __exit__(self, *exc):
+                standin.device = self.outer
+
+        return Device
+
+    @contextlib.contextmanager
+    def _enter_stream(self, pointer, device_id=-1):
+        outer, self.stream = self.stream, pointer
+        try:
+            yield
+        finally:
+            self.stream = outer
+
+    def _elapsed_time(self, start, end) -> float:
+        self.elapsed_reads += 1
+        return next(self._fake_ms)
+
+    def _synchronize(self) -> None:
+        self.synchronizations += 1
+
+    def get_function(self, kernel, options=()):
+        """cek.gpu.get_function: the compiled RawKernel of `kernel`, here the emulator's, which
+        checks the arguments again; each launch is recorded."""
+        function = emulate.load(kernel)
+
+        def launch(grid, block, args, *, shared_mem=0, stream=None):
+            function(grid, block, args, shared_mem=shared_mem)
+            named = {spec.name: value for spec, value in zip(kernel.args, args)}
+            self.launches.append(Launch(kernel.id, named, self.device, stream or self.stream))
+
+        return launch
+
+    def ids(self):
+        return [launch.kernel_id for launch in self.launches]
+
+    def array(self, a):
+        return np.array(a).view(DeviceArray)
+
+
+def install(monkeypatch) -> StandIn:
+    """The stand-in in place of cupy, until the test ends: gpu.require_cupy gives it,
+    gpu.get_function runs the emulator, and validate sees a DeviceArray as a CuPy array."""
+    s = StandIn()
+    monkeypatch.setitem(sys.modules, "cupy", s.cupy)
+    monkeypatch.setattr(gpu, "require_cupy", lambda: s.cupy)
+    monkeypatch.setattr(gpu, "get_function", s.get_function)
+    kind = validate.array_kind  # a DeviceArray is also an np.ndarray: ask about it first
+    monkeypatch.setattr(validate, "array_kind",
+                        lambda value: "cupy" if isinstance(value, DeviceArray) else kind(value))
+    return s
