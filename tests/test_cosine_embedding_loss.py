@@ -6,7 +6,7 @@ fails. Tolerances are the table cek.check.TOLERANCES, shared with `cek check`.
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cek import check, dtypes, reference
@@ -169,8 +169,11 @@ def test_loss_of_identical_rows_with_label_1_is_zero(emulator, n_dim, seed):
 @given(n_dim=dims, seed=st.integers(0, 2**16), factor=st.floats(1e-3, 1e3))
 def test_loss_is_invariant_to_scaling_x1(emulator, n_dim, seed, factor):
     inputs = check.make_inputs(4, n_dim, seed, zero_row=False)
+    scaled = (inputs["x1"] * np.float32(factor)).astype(np.float32)
+    # The invariance is exact only while EPS = 1e-12 is negligible beside each squared norm.
+    assume(np.min(np.einsum("ij,ij->i", scaled, scaled)) > 1e-4)
     base = _run(emulator, "forward", inputs, 0.1)["out"]
-    inputs["x1"] = (inputs["x1"] * np.float32(factor)).astype(np.float32)
+    inputs["x1"] = scaled
     np.testing.assert_allclose(_run(emulator, "forward", inputs, 0.1)["out"], base, atol=1e-5)
 
 
@@ -179,7 +182,10 @@ def test_loss_is_invariant_to_scaling_x1(emulator, n_dim, seed, factor):
 @given(n_dim=dims, seed=st.integers(0, 2**16), margin=st.floats(-1, 1))
 def test_loss_is_between_0_and_2(emulator, n_dim, seed, margin):
     loss = _run(emulator, "forward", check.make_inputs(7, n_dim, seed), margin)["out"]
-    assert np.all(loss >= 0) and np.all(loss <= 2 + 1e-6)
+    # In float32 |c| may exceed 1 by a rounding or two (at D = 1, c = x1*x2*r1*r2 with each
+    # factor rounded), as in PyTorch; neither clamps c, so the bounds hold to a few ulps of 1.
+    ulps = 4 * np.finfo(np.float32).eps
+    assert np.all(loss >= -ulps) and np.all(loss <= 2 + ulps), loss
 
 
 @pytest.mark.emulator
