@@ -185,7 +185,7 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
               help="Row widths (repeatable; default 1 33 768 769 4096).")
 @click.option("--n-rows", type=int, default=7, show_default=True)
 @click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]), multiple=True,
-              default=["f32"], show_default=True, help="Element types (repeatable, or all).")
+              default=["all"], show_default=True, help="Element types (repeatable, or all).")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
               help="Emulator only: run under ThreadSanitizer or AddressSanitizer.")
 @click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
