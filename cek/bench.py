@@ -182,7 +182,7 @@ def _cek_provider(bench: Bench, kernel: Kernel, short: str, margin: float):
     grid, block, smem = kernel.launch_config(n, d)
     gpu.load(kernel)(grid, block, args, shared_mem=smem)  # once through every check
     # Timed: the compiled function itself, without the per-launch checks of gpu.load.
-    cast = kernel.check_args(args, (cp.ndarray,))
+    cast = gpu.raw_args(kernel, kernel.check_args(args, (cp.ndarray,)))
     raw = gpu.get_function(kernel)
     return (lambda: raw(grid, block, cast, shared_mem=smem),
             lambda: {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()})

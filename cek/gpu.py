@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from cek.compile import COMMON_OPTIONS, CompileError
 from cek.kernel import Kernel
 
@@ -75,6 +77,14 @@ def get_function(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS):
     return function
 
 
+def raw_args(kernel: Kernel, cast: Sequence[Any]) -> tuple:
+    """Checked args as a CuPy RawKernel must be given them. An absent optional pointer becomes
+    np.uint64(0), eight zero bytes: CuPy turns None into a NULL *argument address* rather than a
+    null pointer value (cupy#9046), and the kernel would then read garbage for `dy == nullptr`."""
+    return tuple(np.uint64(0) if spec.is_pointer and value is None else value
+                 for spec, value in zip(kernel.args, cast))
+
+
 def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
     """A callable `f(grid, block, args, *, shared_mem=0, stream=None)`, as a CuPy RawKernel.
 
@@ -82,7 +92,6 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
     dtype, shape and contiguity, all on the current device) and casts scalars to their C types.
     """
     cupy = require_cupy()
-    function = get_function(kernel, options)
 
     def launch(grid, block, args, *, shared_mem: int = 0, stream=None):
         cast = kernel.check_args(args, (cupy.ndarray,))
@@ -90,7 +99,10 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
         for spec, value in zip(kernel.args, cast):
             if spec.is_pointer and value is not None and value.device.id != device:
                 raise TypeError(f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
-        function(tuple(grid), tuple(block), cast, shared_mem=shared_mem, stream=stream)
+        # Looked up per launch (a dictionary hit): the current device may have changed.
+        function = get_function(kernel, options)
+        function(tuple(grid), tuple(block), raw_args(kernel, cast), shared_mem=shared_mem,
+                 stream=stream)
 
     return launch
 

@@ -157,6 +157,12 @@ class StandIn:
         function = emulate.load(kernel)
 
         def launch(grid, block, args, *, shared_mem=0, stream=None):
+            # As real CuPy: None would become a NULL argument address, not a null pointer
+            # (cupy#9046), so a null pointer must come as np.uint64(0); the emulator takes None.
+            if any(value is None for value in args):
+                raise TypeError("a RawKernel argument is None: CuPy would pass a NULL address")
+            args = tuple(None if spec.is_pointer and isinstance(value, np.uint64) and value == 0
+                         else value for spec, value in zip(kernel.args, args))
             function(grid, block, args, shared_mem=shared_mem)
             named = {spec.name: value for spec, value in zip(kernel.args, args)}
             self.launches.append(Launch(kernel.id, named, self.device, stream or self.stream))
