@@ -232,4 +232,11 @@ def check_out(out, problem: Problem, shapes: tuple[tuple[int, ...], ...], names:
             raise ValueError(f"{name} must have shape {shape}, got {buffer.shape}")
         if problem.kind == "numpy" and not buffer.flags.writeable:
             raise ValueError(f"{name} is read-only")
+    # Two results in one memory would each be half overwritten (on a GPU the kernel's stores
+    # are __restrict__ and may land in either order).
+    xp = np if problem.kind == "numpy" else sys.modules["cupy"]
+    for i in range(len(buffers)):
+        for j in range(i + 1, len(buffers)):
+            if buffers[i].size and buffers[j].size and xp.may_share_memory(buffers[i], buffers[j]):
+                raise ValueError(f"{names[i]} and {names[j]} share memory")
     return buffers

@@ -556,3 +556,14 @@ def test_cupy_edge_cases():
     with pytest.raises(ValueError):
         F.cosine_embedding_loss(c1, c2, cy, reduction="none", margin=float("inf"), out=sentinel)
     assert bool((sentinel == SENTINEL).all())
+
+
+def test_out_buffers_that_share_memory_are_refused_and_left_untouched():
+    rng = np.random.default_rng(5)
+    x1, x2 = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    y = np.array([1.0, -1.0, 1.0, -1.0], np.float32)
+    loss = np.full(4, 7.0, np.float32)
+    shared = np.full((4, 6), 7.0, np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        F.cosine_embedding_loss_fused(x1, x2, y, reduction="none", out=(loss, shared, shared))
+    assert (loss == 7).all() and (shared == 7).all()
