@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 from cek.kernel import Kernel
 
-# Options shared with the GPU loader, so a GPU-free compile checks what the GPU runs.
-COMMON_OPTIONS = ("-std=c++17", "-lineinfo")
+# Options shared with the GPU loader, so a GPU-free compile checks what the GPU runs. CuPy adds
+# -ftz=true to every compile (float32 subnormals read and written as zero); it is named here too
+# so that `cek compile` produces the same code, and the emulator flushes float arithmetic alike.
+COMMON_OPTIONS = ("-std=c++17", "-lineinfo", "-ftz=true")
 
 
 class CompileError(RuntimeError):

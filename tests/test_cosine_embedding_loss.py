@@ -254,3 +254,28 @@ def test_gpu_misaligned_views(cls):
             host[...] = cupy.asnumpy(dev)
     _, _, failures = check.compare(outputs, *check.expected(kernel, inputs, 0.0))
     assert not failures, failures
+
+
+@pytest.mark.emulator
+def test_float32_subnormals_flush_to_zero_as_on_a_gpu(emulator):
+    # CuPy compiles with -ftz=true, so on a GPU float32 subnormal inputs read as zeros, and the
+    # emulator flushes the same way. With x1 = x2 = t, EPS dominates the norms and the exact
+    # gradient is dx1 = -dy*t*r^2 ~ -t*1e12, a normal number: 0 once t is flushed. float64
+    # kernels are not flushed on either.
+    cls = kernel_classes()["backward"]
+    for dtype, t in (("f32", 1e-39), ("f64", 1e-310)):
+        d = dtypes.get(dtype)
+        x = np.full((1, 8), t, d.array)
+        inputs = {"x1": x, "x2": x.copy(), "y": np.ones(1, d.acc), "dy": np.ones(1, d.acc),
+                  "dtype": dtype}
+        kernel = cls.for_n_dim(8, dtype)
+        args, outputs = check.build_args(kernel, inputs, 0.0)
+        emulator["forward"](kernel, args)
+        exact, _ = reference.backward(inputs["dy"], x, x, inputs["y"])
+        assert exact[0, 0] < 0 and np.isfinite(exact).all()
+        if dtype == "f32":
+            assert np.all(outputs["dx1"] == 0)
+        else:
+            np.testing.assert_allclose(outputs["dx1"], exact, rtol=1e-10)
+    # Python's own arithmetic keeps its subnormals after a launch.
+    assert np.float32(1e-39) * np.float32(1) != 0

@@ -80,7 +80,10 @@ def entry_source(kernel: Kernel) -> str:
     params = ", ".join(ctypes)
     values = ", ".join(f"*static_cast<{c}*>(args[{i}])" for i, c in enumerate(ctypes))
     names = sorted(set(_DYNAMIC_SHARED.findall(kernel.source)))
+    # As on a GPU through CuPy (-ftz=true): float arithmetic flushes subnormals, double does not.
+    flush = 0 if kernel.dtype == "f64" else 1
     lines = [
+        f'extern "C" int cek_flush_subnormals() {{ return {flush}; }}',
         f'extern "C" void {kernel.entry_point_name()}({params});',
         'extern "C" void cek_kernel_entry(void** args) {',
         f"    {kernel.entry_point_name()}({values});",
