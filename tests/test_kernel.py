@@ -54,8 +54,9 @@ def test_forward_and_fused_names_and_ids():
 def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
     k = cls(256)
     params = ", ".join(f"{k.c_type(a)} {a.name}" for a in cls.args)
-    assert f'extern "C" __global__ void __launch_bounds__(1024) {k.entry_point_name()}({params})' \
-        in k.entry_point_source
+    assert f'extern "C" __global__ void __launch_bounds__({k.max_threads}) ' \
+           f'{k.entry_point_name()}({params})' in k.entry_point_source
+    assert k.max_threads == (256 if cls.name.endswith("_fused") else 1024)  # fused: row groups
     call = f"{cls.name}<256>({', '.join(a.name for a in cls.args)});"
     assert call in k.entry_point_source
 
