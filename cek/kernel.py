@@ -66,8 +66,8 @@ class Kernel:
     launch_contract: ClassVar[str] = (
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
         "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
-        "with threads * VEC * max(1, BLOCK_SIZE/VEC/1024) >= n_dim, 1024 above 4096 chunks "
-        "per row (the row is streamed)"
+        "with threads * VEC * max(1, BLOCK_SIZE/VEC/1024) >= n_dim; 1024 above BLOCK_SIZE "
+        "16384 (8192 for double), where the row is streamed"
     )
 
     def __init__(self, block_size: int, dtype: str = "f32"):
