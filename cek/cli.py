@@ -311,20 +311,16 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
                                        dtype=dtype)
             rows += bench.as_dicts(got)
             failures += bad
-    for r in rows:
-        speedup = r["speedup_of_cek"]
-        r["cek_speedup"] = "" if speedup is None else f"{speedup:.2f}x"
-        r["shape"] = f"{r['n_rows']}x{r['n_dim']}"
-    if rows:  # every provider may have failed its check
+            if json_file is not None:  # after every width: a sweep cut short keeps what it timed
+                json_file.write_text(json.dumps(rows, indent=2))
+    shown = [{**r, "cek_speedup": "" if r["speedup_of_cek"] is None else f"{r['speedup_of_cek']:.2f}x",
+              "shape": f"{r['n_rows']}x{r['n_dim']}"} for r in rows]
+    if shown:  # every provider may have failed its check
         click.echo(_table([{**r, **{k: f"{r[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")},
                             "gb_per_s": f"{r['gb_per_s']:.0f}",
-                            "pct_of_copy": f"{r['pct_of_copy']:.1f}"} for r in rows],
+                            "pct_of_copy": f"{r['pct_of_copy']:.1f}"} for r in shown],
                           ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms", "p80_ms",
                            "gb_per_s", "pct_of_copy", "cek_speedup"]))
-    if json_file is not None:
-        json_file.write_text(json.dumps([{k: v for k, v in r.items()
-                                          if k not in ("cek_speedup", "shape")} for r in rows],
-                                         indent=2))
     if plot_file is not None:
         from cek.plot import plot_bandwidth
 

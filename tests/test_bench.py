@@ -253,3 +253,22 @@ def test_nothing_timed_and_a_raising_baseline_still_report(standin, monkeypatch)
     assert failures == ["cosine_embedding_loss_forward__f32__8 cupy 64x8: raised "
                         "FloatingPointError: no, not timed"]
     assert [r.provider for r in rows] == ["cek"]
+
+
+def test_a_sweep_cut_short_keeps_the_widths_it_timed(monkeypatch, tmp_path):
+    from cek import gpu
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype):
+        if n_dim == 768:
+            raise KeyboardInterrupt  # as a timeout's signal would end the process here
+        row = bench.BenchRow("fused", "cek", dtype, n_rows, n_dim, 1.0, 0.9, 1.1, 100.0, 50.0,
+                             None, "test", {}, "now")
+        return [row], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "128", "--n-dim", "768", "--json",
+                                       str(out), "--baseline", "none"])
+    assert result.exit_code != 0
+    assert [r["n_dim"] for r in json.loads(out.read_text())] == [128]
