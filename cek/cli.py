@@ -45,6 +45,20 @@ kernel_option = click.option(
     show_default=True, help="Which kernel.",
 )
 n_dim_option = click.option("--n-dim", type=int, help="Row width; BLOCK_SIZE = next power of two.")
+
+
+def dtypes_option(default: str):
+    """--dtype, repeatable, with "all" for every element type."""
+    return click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]),
+                        multiple=True, default=[default], show_default=True,
+                        help="Element types (repeatable, or all).")
+
+
+def _chosen(values, everything: list[str]) -> list[str]:
+    """A repeatable choice: every value for "all", else those given, in order, once each."""
+    return list(everything) if "all" in values else list(dict.fromkeys(values))
+
+
 dtype_option = click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="f32",
                             show_default=True, help="Element type of x1, x2, dx1, dx2.")
 block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
@@ -122,8 +136,7 @@ def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> No
 @n_dim_option
 @block_size_option
 @click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
-@click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]), multiple=True,
-              default=["f32"], show_default=True, help="Element types (repeatable, or all).")
+@dtypes_option("f32")
 @click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write <id>.ptx and <id>.cubin here.")
@@ -144,7 +157,7 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
     if all_sizes and (n_dim is not None or block_size is not None):
         raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
     names = KERNEL_NAMES if all_kernels else [kernel_name or "backward"]
-    types = DTYPE_NAMES if "all" in dtype_names else list(dict.fromkeys(dtype_names))
+    types = _chosen(dtype_names, DTYPE_NAMES)
     kernels = []
     for name in names:
         cls = kernel_classes()[name]
@@ -184,8 +197,7 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
 @click.option("--n-dim", "n_dims", type=int, multiple=True,
               help="Row widths (repeatable; default 1 33 768 769 4096).")
 @click.option("--n-rows", type=int, default=7, show_default=True)
-@click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]), multiple=True,
-              default=["all"], show_default=True, help="Element types (repeatable, or all).")
+@dtypes_option("all")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
               help="Emulator only: run under ThreadSanitizer or AddressSanitizer.")
 @click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
@@ -213,7 +225,7 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     else:
         launch = check.emulator_launcher(sanitize=sanitize)
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
-    types = DTYPE_NAMES if "all" in dtype_names else list(dict.fromkeys(dtype_names))
+    types = _chosen(dtype_names, DTYPE_NAMES)
     cases = [(_pick_kernel(name, d, None, dtype), d) for name in kernel_names or KERNEL_NAMES
              for dtype in types for d in n_dims or (1, 33, 768, 769, 4096)]
     rows = []
@@ -301,8 +313,8 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
     if {"torch", "torch-compile"} & set(baselines) and not _have_torch():
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)
-    kernels = KERNEL_NAMES if "all" in kernel_names else list(dict.fromkeys(kernel_names))
-    dtype_names = list(dict.fromkeys(dtype_names))
+    kernels = _chosen(kernel_names, KERNEL_NAMES)
+    dtype_names = _chosen(dtype_names, DTYPE_NAMES)
     rows, failures = [], []
     for dtype in dtype_names:
         for n_dim in n_dims:
