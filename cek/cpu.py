@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from cek import dtypes
 from cek.reference import EPS
 
 
 def accumulation_dtype(dtype) -> np.dtype:
-    """float32 for float16 and float32 inputs, float64 for float64."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+    """float32 for float16 and float32 inputs, float64 for float64: the kernels' rule."""
+    return dtypes.get(dtypes.name_of(dtype)).acc
 
 
 def _row_sum(a: np.ndarray) -> np.ndarray:

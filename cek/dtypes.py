@@ -38,6 +38,11 @@ DTYPES = {
 }
 
 
+def name_of(array_dtype) -> str:
+    """The kernels' name for a NumPy float dtype (bfloat16 has none in NumPy: it comes as bits)."""
+    return {"float16": "f16", "float32": "f32", "float64": "f64"}[np.dtype(array_dtype).name]
+
+
 def get(name: str) -> DType:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")

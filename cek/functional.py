@@ -194,7 +194,7 @@ def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     input) are written in place."""
     cupy = gpu.require_cupy()
     n, d = problem.n_rows, problem.n_dim
-    dtype = KERNEL_DTYPES[np.dtype(problem.dtype)]
+    dtype = dtypes.name_of(problem.dtype)
     acc = dtypes.get(dtype).acc
     a1 = cupy.ascontiguousarray(x1).reshape(n, d)
     a2 = cupy.ascontiguousarray(x2).reshape(n, d)
@@ -209,11 +209,6 @@ def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     dy, scale = _upstream(problem, grad)
     return gpu_rows(a1, a2, y, dy, scale, problem.margin, dtype=dtype, want_loss=want_loss,
                     want_grads=want_grads, dest=dest)
-
-
-# NumPy dtype of the inputs -> the kernels' dtype name (bfloat16 only reaches them from torch).
-KERNEL_DTYPES = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32",
-                 np.dtype(np.float64): "f64"}
 
 
 def labels(cupy, target, acc):
