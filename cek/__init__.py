@@ -1,7 +1,9 @@
 """cek: fast, checked cosine embedding loss kernels for NVIDIA GPUs."""
 
-from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
-from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
+                                                CosineEmbeddingLossBackwardRows)
+from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
+                                               CosineEmbeddingLossForwardRows)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek import gpu, reference
 from cek.functional import (
@@ -16,7 +18,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Arg",
     "CosineEmbeddingLossBackward",
+    "CosineEmbeddingLossBackwardRows",
     "CosineEmbeddingLossForward",
+    "CosineEmbeddingLossForwardRows",
     "CosineEmbeddingLossFused",
     "Kernel",
     "__version__",

@@ -157,10 +157,10 @@ class Bench:
 
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
     """Provider name -> (run, outputs): run() launches, outputs() gives name -> host array."""
-    short = kernel.name.rsplit("_", 1)[1]
-    out = {"cek": _cek_provider(bench, kernel, short, margin)}
+    kind = kernel.kind  # the *_rows variants have their twin's baselines
+    out = {"cek": _cek_provider(bench, kernel, margin)}
     if "cupy" in wanted:
-        out["cupy"] = _cupy_provider(bench.cupy, bench, short, margin)
+        out["cupy"] = _cupy_provider(bench.cupy, bench, kind, margin)
     if set(TORCH_PROVIDERS) & set(wanted):
         try:
             import torch
@@ -169,15 +169,15 @@ def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float
         if torch is not None:
             for name in TORCH_PROVIDERS:
                 if name in wanted:
-                    out[name] = _torch_provider(torch, bench, short, margin, name == "torch-compile")
+                    out[name] = _torch_provider(torch, bench, kind, margin, name == "torch-compile")
     return out
 
 
-def _cek_provider(bench: Bench, kernel: Kernel, short: str, margin: float):
+def _cek_provider(bench: Bench, kernel: Kernel, margin: float):
     cp = bench.cupy
     n, d = bench.n_rows, bench.n_dim
     args, device_out = check.build_args(kernel, {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
-                                                 "dy": bench.dy if short == "backward" else None,
+                                                 "dy": bench.dy if kernel.kind == "backward" else None,
                                                  "scale": 1.0 / n}, margin, xp=cp)
     grid, block, smem = kernel.launch_config(n, d)
     gpu.load(kernel)(grid, block, args, shared_mem=smem)  # once through every check
@@ -188,17 +188,17 @@ def _cek_provider(bench: Bench, kernel: Kernel, short: str, margin: float):
             lambda: {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()})
 
 
-def _cupy_provider(cp, bench: Bench, short: str, margin: float):
+def _cupy_provider(cp, bench: Bench, kind: str, margin: float):
     """What a CuPy user writes: half inputs widened to float32 (float64 stays), the math, the
     gradients rounded back to the dtype; the casts are part of the timed work."""
     dtype, result = bench.dtype, {}
-    scale = bench.dy if short == "backward" else 1.0 / bench.n_rows
+    scale = bench.dy if kind == "backward" else 1.0 / bench.n_rows
     half = dtype in ("f16", "bf16")
 
     def run():
         x1, x2 = dtypes.widen(bench.x1, dtype, cp), dtypes.widen(bench.x2, dtype, cp)
-        loss, dx1, dx2 = cupy_math(cp, x1, x2, bench.y, margin, scale, grads=short != "forward")
-        if short == "forward":
+        loss, dx1, dx2 = cupy_math(cp, x1, x2, bench.y, margin, scale, grads=kind != "forward")
+        if kind == "forward":
             result["out"] = loss
             return
         if half:
@@ -226,22 +226,22 @@ def _torch_host(torch, name: str, tensor, rows: int) -> np.ndarray:
     return tensor.numpy()
 
 
-def _torch_provider(torch, bench: Bench, short: str, margin: float, compiled: bool):
+def _torch_provider(torch, bench: Bench, kind: str, margin: float, compiled: bool):
     F = torch.nn.functional
-    x1 = _torch_tensor(torch, bench.x1, bench.dtype).requires_grad_(short != "forward")
-    x2 = _torch_tensor(torch, bench.x2, bench.dtype).requires_grad_(short != "forward")
+    x1 = _torch_tensor(torch, bench.x1, bench.dtype).requires_grad_(kind != "forward")
+    x2 = _torch_tensor(torch, bench.x2, bench.dtype).requires_grad_(kind != "forward")
     y = torch.from_dlpack(bench.y)
-    reduction = "mean" if short == "fused" else "none"
+    reduction = "mean" if kind == "fused" else "none"
     loss_fn = lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=margin, reduction=reduction)  # noqa: E731
     if compiled:
         loss_fn = torch.compile(loss_fn)
     result = {}
 
-    if short == "forward":
+    if kind == "forward":
         def run():
             with torch.no_grad():
                 result["out"] = loss_fn(x1, x2, y)
-    elif short == "backward":
+    elif kind == "backward":
         graph = loss_fn(x1, x2, y)
         dy = torch.from_dlpack(bench.dy).to(graph.dtype)  # autograd wants the loss's dtype
 
@@ -260,7 +260,7 @@ def _torch_provider(torch, bench: Bench, short: str, margin: float, compiled: bo
 def expected(kernel: Kernel, bench: Bench, margin: float) -> tuple[dict, dict]:
     """The float64 reference of the checked rows, and the size each is judged by."""
     inputs = dict(bench.host)
-    if not kernel.name.endswith("_backward"):
+    if kernel.kind == "fused":
         inputs["dy"], inputs["scale"] = None, 1.0 / bench.n_rows
     return check.expected(kernel, inputs, margin)
 

@@ -28,8 +28,8 @@ import numbers
 import numpy as np
 
 from cek import cpu, dtypes, gpu, validate
-from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
-from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackwardRows
+from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 
 __all__ = [
@@ -249,8 +249,9 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     if want_grads:
         dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1
         dx2 = cupy.empty((n, d), dtype=x1.dtype) if dx2 is None else dx2
+    # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
     if not want_grads:
-        kernel = CosineEmbeddingLossForward.for_n_dim(d, dtype)
+        kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
         gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
         return loss, None, None
     if dy is not None:
@@ -263,6 +264,6 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
         return loss, dx1, dx2
     # The backward kernel has no scale argument: fold it into dy.
     dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
-    kernel = CosineEmbeddingLossBackward.for_n_dim(d, dtype)
+    kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
     gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
     return None, dx1, dx2

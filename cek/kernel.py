@@ -23,7 +23,7 @@ from cek.sources import load_kernel_source
 # Mirrors of the constants in kernels/cek_row.cuh.
 WARP = 32
 MAX_THREADS = 1024
-MAX_GROUPED_CHUNKS = 64  # the fused kernel's row groups
+MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 GROUPED_THREADS = 256
 
 
@@ -57,9 +57,12 @@ def _is_int(value: Any) -> bool:
 
 
 class Kernel:
-    """Base class. Subclasses set `name`, `args` and `bytes_moved`."""
+    """Base class. Subclasses set `name`, `kind`, `args` and `bytes_moved`; `source_file` when the
+    template lives in another kernel's file (a variant beside its twin)."""
 
     name: ClassVar[str]
+    kind: ClassVar[str]  # the math it computes: "forward", "backward" or "fused"
+    source_file: ClassVar[str | None] = None  # default: f"{name}.cu"
     args: ClassVar[tuple[Arg, ...]]
     max_block_size: ClassVar[int] = 1 << 20
     max_threads: ClassVar[int] = MAX_THREADS
@@ -104,7 +107,7 @@ class Kernel:
 
     @property
     def kernel_source(self) -> str:
-        return load_kernel_source(f"{self.name}.cu")
+        return load_kernel_source(self.source_file or f"{self.name}.cu")
 
     @property
     def entry_point_source(self) -> str:
@@ -262,15 +265,53 @@ class Kernel:
         return int(named["n_rows"]), int(named["n_dim"])
 
 
+class RowGroups:
+    """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
+    up to 64 chunks per row, GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread
+    block holds 256 / GROUP rows. Wider rows keep one block per row."""
+
+    launch_contract = (
+        "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
+        "(float: BLOCK_SIZE <= 256): 256 threads a block, GROUP = min(32, BLOCK_SIZE/VEC) lanes "
+        "per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. Above: as the backward kernel, "
+        "grid [n_rows, 1, 1], one block per row"
+    )
+
+    @property
+    def grouped(self) -> bool:
+        return self.row_chunks <= MAX_GROUPED_CHUNKS
+
+    @property
+    def max_threads(self) -> int:
+        """The block size the entry point promises in __launch_bounds__: row groups always run
+        256 threads, which lets ptxas use more registers (at 1024 it spilled on sm_80)."""
+        return GROUPED_THREADS if self.grouped else MAX_THREADS
+
+    @property
+    def group(self) -> int:
+        """Lanes per row on the row-group path."""
+        return min(WARP, self.row_chunks)
+
+    def _grid_and_block(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple]:
+        if not self.grouped:
+            return super()._grid_and_block(n_rows, n_dim)
+        rows_per_block = GROUPED_THREADS // self.group
+        return (math.ceil(n_rows / rows_per_block), 1, 1), (GROUPED_THREADS, 1, 1)
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_classes() -> dict[str, type[Kernel]]:
     """Every kernel class by its short CLI name ("backward", "forward", ...)."""
-    from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackward
-    from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+    from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
+                                                    CosineEmbeddingLossBackwardRows)
+    from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
+                                                   CosineEmbeddingLossForwardRows)
     from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 
     return {
         "backward": CosineEmbeddingLossBackward,
         "forward": CosineEmbeddingLossForward,
         "fused": CosineEmbeddingLossFused,
+        "backward-rows": CosineEmbeddingLossBackwardRows,
+        "forward-rows": CosineEmbeddingLossForwardRows,
     }

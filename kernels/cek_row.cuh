@@ -14,9 +14,11 @@
 //     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads).
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
-//   * row groups (the fused kernel, ROW_CHUNKS <= 64): GROUP = min(32, ROW_CHUNKS) lanes of one
-//     warp own a row, 256 threads a block, so a block holds 256 / GROUP rows and the reduction
-//     is warp shuffles only.
+//   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
+//     <= 64): GROUP = min(32, ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a
+//     block holds 256 / GROUP rows and the reduction is warp shuffles only. One block per row
+//     would leave a 128-float row a one-warp block: too few warps per SM to keep enough loads
+//     in flight, and a block launched for every 1 KB of input.
 #pragma once
 
 #include "cek_types.cuh"
@@ -302,4 +304,34 @@ __device__ __forceinline__ void cek_block_row_gradients(
         cek_stream_row_gradients(x1, x2, dx1, dx2, n_dim, vec, g);
     else
         cek_store_row_gradients(rp, dx1, dx2, n_dim, vec, threadIdx.x, blockDim.x, g);
+}
+
+// Row groups: GROUP lanes of one warp own a row, blockDim.x / GROUP rows a block (cek_row.cuh's
+// tiling comment). The lanes of rows past n_rows take part in the shuffles with zeros, so every
+// lane calls this; a caller returns for !live rows only afterwards.
+template <int BLOCK_SIZE, typename T>
+struct CekGroupRow {
+    using Tiling = CekTiling<BLOCK_SIZE, T>;
+    int row, lane;
+    bool live;
+    long long offset;  // 64-bit: n_rows * n_dim may exceed 2^31
+    CekRowPair<Tiling::GROUP_CHUNKS, T> rp;
+    CekCosine<CekAcc<T>> k;
+};
+
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_cosine(
+    const T* __restrict__ x1, const T* __restrict__ x2, int n_rows, int n_dim, bool vec) {
+    using Tiling = CekTiling<BLOCK_SIZE, T>;
+    static_assert(Tiling::GROUPED, "row groups need rows of at most 64 chunks");
+    constexpr int GROUP = Tiling::GROUP;
+    CekGroupRow<BLOCK_SIZE, T> r;
+    r.lane = threadIdx.x % GROUP;
+    r.row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    r.live = r.row < n_rows;
+    r.offset = r.live ? static_cast<long long>(r.row) * n_dim : 0;
+    const auto s = cek_load_row_pair(r.rp, x1 + r.offset, x2 + r.offset, r.live ? n_dim : 0, vec,
+                                     r.lane, GROUP);
+    r.k = cek_cosine(cek_group_sum<GROUP>(s));
+    return r;
 }

@@ -16,6 +16,12 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus dy and
 // y: 4*S*N*D + 2*A*N (16*N*D + 8*N in float). A streamed row is read twice: 6*S*N*D + 2*A*N.
+//
+// cosine_embedding_loss_backward_rows: the same arguments and results, with the fused kernel's
+// launch contract: rows of up to 64 chunks (float: n_dim <= 256) in row groups, 256 threads a
+// block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1];
+// wider rows exactly as above. The faster variant for narrow rows: one block per row gives a
+// 128-float row a one-warp block (cek_row.cuh).
 #include "cek_row.cuh"
 
 template <int BLOCK_SIZE, typename T = float>
@@ -36,4 +42,25 @@ __device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
     const CekAcc<T> coeff = cek_row_coeff(k.c, y[row], margin, dy[row]);
     cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
                                            dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward_rows(const CekAcc<T>* __restrict__ dy,
+                                                    const T* __restrict__ x1,
+                                                    const T* __restrict__ x2,
+                                                    const CekAcc<T>* __restrict__ y,
+                                                    T* __restrict__ dx1, T* __restrict__ dx2,
+                                                    int n_rows, int n_dim, CekAcc<T> margin) {
+    using Tiling = CekTiling<BLOCK_SIZE, T>;
+    if constexpr (Tiling::GROUPED) {
+        const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
+        const auto r = cek_group_row_cosine<BLOCK_SIZE, T>(x1, x2, n_rows, n_dim, vec);
+        if (!r.live) return;  // after the last shuffle
+        const CekAcc<T> coeff = cek_row_coeff(r.k.c, y[r.row], margin, dy[r.row]);
+        cek_store_row_gradients(r.rp, dx1 + r.offset, dx2 + r.offset, n_dim, vec, r.lane,
+                                Tiling::GROUP, cek_gradient(r.k, coeff));
+    } else {
+        cosine_embedding_loss_backward<BLOCK_SIZE, T>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim,
+                                                      margin);
+    }
 }

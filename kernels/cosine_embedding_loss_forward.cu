@@ -12,6 +12,11 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 once, read y and write out:
 // 2*S*N*D + 2*A*N (8*N*D + 8*N in float).
+//
+// cosine_embedding_loss_forward_rows: the same arguments and results, with the fused kernel's
+// launch contract: rows of up to 64 chunks (float: n_dim <= 256) in row groups, 256 threads a
+// block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1];
+// wider rows exactly as above. The faster variant for narrow rows (cek_row.cuh).
 #include "cek_row.cuh"
 
 template <int BLOCK_SIZE, typename T = float>
@@ -28,4 +33,19 @@ __device__ void cosine_embedding_loss_forward(const T* __restrict__ x1,
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;  // unused once summed: the compiler drops it
     const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
     if (threadIdx.x == 0) out[row] = cek_row_loss(k.c, y[row], margin);
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_forward_rows(const T* __restrict__ x1,
+                                                   const T* __restrict__ x2,
+                                                   const CekAcc<T>* __restrict__ y,
+                                                   CekAcc<T>* __restrict__ out, int n_rows,
+                                                   int n_dim, CekAcc<T> margin) {
+    if constexpr (CekTiling<BLOCK_SIZE, T>::GROUPED) {
+        const bool vec = cek_vectorizable<T>(n_dim, x1, x2, x1, x2);
+        const auto r = cek_group_row_cosine<BLOCK_SIZE, T>(x1, x2, n_rows, n_dim, vec);
+        if (r.live && r.lane == 0) out[r.row] = cek_row_loss(r.k.c, y[r.row], margin);
+    } else {
+        cosine_embedding_loss_forward<BLOCK_SIZE, T>(x1, x2, y, out, n_rows, n_dim, margin);
+    }
 }

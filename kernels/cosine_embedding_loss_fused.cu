@@ -45,19 +45,11 @@ __device__ void cosine_embedding_loss_fused(const T* __restrict__ x1, const T* _
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
     if constexpr (Tiling::GROUPED) {
-        constexpr int GROUP = Tiling::GROUP;
-        const int lane = threadIdx.x % GROUP;
-        const int row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
-        // Lanes of rows past the end still join the shuffles, with zeros.
-        const bool live = row < n_rows;
-        const long long offset = live ? static_cast<long long>(row) * n_dim : 0;
-        CekRowPair<Tiling::GROUP_CHUNKS, T> rp;
-        const auto s = cek_load_row_pair(rp, x1 + offset, x2 + offset, live ? n_dim : 0, vec,
-                                         lane, GROUP);
-        const auto k = cek_cosine(cek_group_sum<GROUP>(s));
-        if (!live) return;  // after the last shuffle
-        const auto g = cek_fused_row(k, y, dy, scale, loss, row, lane, margin);
-        cek_store_row_gradients(rp, dx1 + offset, dx2 + offset, n_dim, vec, lane, GROUP, g);
+        const auto r = cek_group_row_cosine<BLOCK_SIZE, T>(x1, x2, n_rows, n_dim, vec);
+        if (!r.live) return;  // after the last shuffle
+        const auto g = cek_fused_row(r.k, y, dy, scale, loss, r.row, r.lane, margin);
+        cek_store_row_gradients(r.rp, dx1 + r.offset, dx2 + r.offset, n_dim, vec, r.lane,
+                                Tiling::GROUP, g);
     } else {
         const int row = blockIdx.x;
         if (row >= n_rows) return;  // uniform over the block

@@ -111,7 +111,8 @@ def standin(monkeypatch):
 def _short(failure: str) -> tuple[str, str]:
     """(kernel, provider) of a failure line "<kernel id> <provider> <N>x<D>: why"."""
     kernel_id, provider = failure.split()[:2]
-    return kernel_id.split("__")[0].rsplit("_", 1)[1], provider
+    short = {cls.name: short for short, cls in kernel_classes().items()}
+    return short[kernel_id.split("__")[0]], provider
 
 
 def _bytes(kernel: str, dtype: str, n: int, d: int) -> int:
@@ -149,8 +150,7 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
         assert standin.elapsed_reads - reads == 50 * (1 + len(timed))
         # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed.
         for kernel in KERNELS:
-            block = kernel_classes()[kernel].for_n_dim(d, dtype).block_size
-            assert standin.ids().count(f"cosine_embedding_loss_{kernel}__{dtype}__{block}") == 57
+            assert standin.ids().count(kernel_classes()[kernel].for_n_dim(d, dtype).id) == 57
         assert len(standin.launches) == 57 * len(KERNELS)
 
         copy_bytes = 2 * 2 * n * d * dtypes.get(dtype).array.itemsize  # x1 and x2, read + write
@@ -213,12 +213,14 @@ def test_a_wrong_provider_is_reported_and_not_timed(standin, monkeypatch, tmp_pa
     rows, failures = bench.run_bench(KERNELS, 64, 8, ["cek", "cupy"], 50, log=lambda m: None,
                                      dtype="bf16")
     # The backward kernel is judged on its gradients alone, which are right.
-    assert sorted(map(_short, failures)) == [("forward", "cupy"), ("fused", "cupy")]
+    assert sorted(map(_short, failures)) == [("forward", "cupy"), ("forward-rows", "cupy"),
+                                             ("fused", "cupy")]
     assert failures[0].startswith("cosine_embedding_loss_forward__bf16__8 cupy 64x8: wrong "
                                   "result: out[")
     assert sorted((r.kernel, r.provider) for r in rows) == [
-        ("backward", "cek"), ("backward", "cupy"), ("forward", "cek"), ("fused", "cek")]
-    assert standin.elapsed_reads == 50 * (1 + 4)  # the copy and the four right providers
+        ("backward", "cek"), ("backward", "cupy"), ("backward-rows", "cek"),
+        ("backward-rows", "cupy"), ("forward", "cek"), ("forward-rows", "cek"), ("fused", "cek")]
+    assert standin.elapsed_reads == 50 * (1 + 7)  # the copy and the seven right providers
 
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 import cek
-from cek.cli import main
+from cek.cli import KERNEL_NAMES, main
 
 
 @pytest.fixture
@@ -40,7 +40,8 @@ def test_list_names_every_kernel_with_args_and_contract(run):
         in result.output
     assert "T, A = float, float (f32)" in result.output
     rows = json.loads(run("list", "--json").output)
-    assert [r["kernel"] for r in rows] == ["backward", "forward", "fused"]
+    assert [r["kernel"] for r in rows] == ["backward", "forward", "fused", "backward-rows",
+                                          "forward-rows"]
 
 
 def test_dump_source_default_is_backward_768_with_entry_instantiating_1024(run):
@@ -98,7 +99,7 @@ def test_compile_json_all_kernels_reports_zero_spills(run):
     result = run("compile", "--all", "--block-size", "16384", "--dtype", "all", "--json")
     assert result.exit_code == 0
     rows = json.loads(result.stdout)
-    assert len(rows) == 3 * 4
+    assert len(rows) == len(KERNEL_NAMES) * 4
     assert {r["kernel_id"].split("__")[1] for r in rows} == {"f32", "f64", "f16", "bf16"}
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in rows)
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cek import check, dtypes, reference
-from cek.kernel import kernel_classes
+from cek.kernel import RowGroups, kernel_classes
 
 KERNELS = list(kernel_classes().values())
 DIMS = [1, 2, 3, 31, 32, 33, 127, 128, 129, 384, 768, 769, 1000, 1024, 4096]
@@ -24,6 +24,19 @@ OTHER_DTYPES = ["f64", "f16", "bf16"]
 # and the first streamed one (f64 streams past 8192, the others past 16384).
 OTHER_DIMS = [1, 3, 8, 33, 129, 512, 769, 4096, 8193, 16385]
 LARGE_DIMS = [16385, 70_001, 1 << 20]
+
+
+def _cases(dims, dtype="f32"):
+    """(kernel class, n_dim) pairs, leaving out a *_rows variant where its rows are too wide for
+    row groups and it runs its twin's code (tested with the twin), except at 768: that the
+    variant gets there is tested once."""
+    return [(cls, d) for cls in KERNELS for d in dims
+            if not (issubclass(cls, RowGroups) and cls.kind != "fused" and d != 768
+                    and not cls.for_n_dim(d, dtype).grouped)]
+
+
+def _id(case):
+    return case.name.removeprefix("cosine_embedding_loss_") if isinstance(case, type) else None
 
 
 def _inputs(kernel_cls, n_rows, n_dim, seed=0, dtype="f32"):
@@ -47,9 +60,8 @@ def emulator():
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
 @pytest.mark.parametrize("n_rows", ROWS)
-@pytest.mark.parametrize("n_dim", DIMS)
+@pytest.mark.parametrize("cls, n_dim", _cases(DIMS), ids=_id)
 def test_emulator_matches_reference(emulator, cls, n_rows, n_dim):
     kernel = cls.for_n_dim(n_dim)
     for seed, margin in enumerate(MARGINS):
@@ -63,9 +75,8 @@ def test_emulator_matches_reference(emulator, cls, n_rows, n_dim):
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("dtype", OTHER_DTYPES)
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
-@pytest.mark.parametrize("n_dim", OTHER_DIMS)
+@pytest.mark.parametrize("dtype, cls, n_dim", [(t, c, d) for t in OTHER_DTYPES
+                                                 for c, d in _cases(OTHER_DIMS, t)], ids=_id)
 def test_emulator_matches_reference_in_other_dtypes(emulator, cls, n_dim, dtype):
     kernel = cls.for_n_dim(n_dim, dtype)
     for seed, (margin, schedule) in enumerate(((-0.5, "forward"), (0.5, "random:1"))):
@@ -74,8 +85,7 @@ def test_emulator_matches_reference_in_other_dtypes(emulator, cls, n_dim, dtype)
 
 
 @pytest.mark.emulator
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
-@pytest.mark.parametrize("n_dim", LARGE_DIMS)
+@pytest.mark.parametrize("cls, n_dim", _cases(LARGE_DIMS), ids=_id)
 def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):
     kernel = cls.for_n_dim(n_dim)
     assert kernel.streamed
@@ -84,7 +94,7 @@ def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):
 
 @pytest.mark.emulator
 @pytest.mark.parametrize("dtype", ["f32"] + OTHER_DTYPES)
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
 @pytest.mark.parametrize("n_dim", [8, 768, 1000])
 def test_misaligned_views_take_the_scalar_path(emulator, cls, n_dim, dtype):
     # Rows of a view one element into a buffer are not 16-byte aligned: a 128-bit access would
@@ -117,7 +127,7 @@ def test_nan_in_a_row_reaches_its_loss_and_gradient(emulator, dtype):
 
 @pytest.mark.emulator
 @pytest.mark.parametrize("sanitize", ["thread", "address"])
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
 def test_sanitizers_find_nothing_in_the_kernels(cls, sanitize):
     pytest.importorskip("cek.emulate")
     launch = check.emulator_launcher(sanitize=sanitize)
@@ -219,7 +229,7 @@ def test_gradients_match_finite_differences_of_the_reference(emulator, n_dim, se
 # -- gpu tier ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
 @pytest.mark.parametrize("n_dim", GPU_DIMS + [16384])
 def test_gpu_matches_reference(cls, n_dim):
     launch = check.gpu_launcher()
@@ -230,7 +240,7 @@ def test_gpu_matches_reference(cls, n_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.name.rsplit("_", 1)[1])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
 def test_gpu_misaligned_views(cls):
     import cupy
 

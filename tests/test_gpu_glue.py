@@ -127,8 +127,8 @@ def test_cupy_path_matches_reference(standin, dtype, reduction):
             assert type(got) is DeviceArray and got.dtype == x1.dtype and got.shape == np.shape(w)
             _close(got, w, dtype, kind, s)
 
-    check([F.cosine_embedding_loss(c1, c2, cy, 0.25, reduction)], "forward", [loss], [1.0])
-    check(F.cosine_embedding_loss_backward(cgrad, c1, c2, cy, 0.25, reduction), "backward",
+    check([F.cosine_embedding_loss(c1, c2, cy, 0.25, reduction)], "forward_rows", [loss], [1.0])
+    check(F.cosine_embedding_loss_backward(cgrad, c1, c2, cy, 0.25, reduction), "backward_rows",
           [dx1, dx2], [m1, m2])
     check(F.cosine_embedding_loss_fused(c1, c2, cy, 0.25, reduction, cgrad), "fused",
           [loss, dx1, dx2], [1.0, m1, m2])
@@ -137,7 +137,7 @@ def test_cupy_path_matches_reference(standin, dtype, reduction):
           [loss, *ones], [1.0, o1, o2])
     if reduction != "none":  # a 0-d device array as grad gives what the number gives
         g0 = standin.array(np.array(grad, CUPY_DTYPES[dtype]))
-        check(F.cosine_embedding_loss_backward(g0, c1, c2, cy, 0.25, reduction), "backward",
+        check(F.cosine_embedding_loss_backward(g0, c1, c2, cy, 0.25, reduction), "backward_rows",
               [dx1, dx2], [m1, m2])
         check(F.cosine_embedding_loss_fused(c1, c2, cy, 0.25, reduction, g0), "fused",
               [loss, dx1, dx2], [1.0, m1, m2])
@@ -371,7 +371,7 @@ def test_torch_fused_and_backward_match_autograd(standin, cuda, dtype, reduction
     # No gradients wanted: the forward kernel, and nothing kept.
     standin.launches.clear()
     loss2, n1, n2 = ct._cuda_fused(x1, x2, y, 0.1, reduction, False)
-    assert standin.ids() == [f"cosine_embedding_loss_forward__{dtype}__64"]
+    assert standin.ids() == [f"cosine_embedding_loss_forward_rows__{dtype}__64"]
     assert n1 is None and n2 is None
     _close(loss2.double(), want.detach(), dtype, "loss")
 
@@ -441,4 +441,4 @@ def test_torch_autograd_function_cuda_branch(standin, cuda):
     standin.launches.clear()
     with torch.no_grad():
         ct.cosine_embedding_loss(c1, c2, cy)
-    assert standin.ids() == ["cosine_embedding_loss_forward__f32__64"]
+    assert standin.ids() == ["cosine_embedding_loss_forward_rows__f32__64"]

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import cek
-from cek.kernel import kernel_classes, next_power_of_two
+from cek.kernel import RowGroups, kernel_classes, next_power_of_two
 
 ALL = list(kernel_classes().values())
+ROW_GROUPS = [cls for cls in ALL if issubclass(cls, RowGroups)]
 
 
 def test_documented_fields_of_backward():
@@ -56,7 +57,7 @@ def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
     params = ", ".join(f"{k.c_type(a)} {a.name}" for a in cls.args)
     assert f'extern "C" __global__ void __launch_bounds__({k.max_threads}) ' \
            f'{k.entry_point_name()}({params})' in k.entry_point_source
-    assert k.max_threads == (256 if cls.name.endswith("_fused") else 1024)  # fused: row groups
+    assert k.max_threads == (256 if cls in ROW_GROUPS else 1024)  # row groups: 256 threads
     call = f"{cls.name}<256>({', '.join(a.name for a in cls.args)});"
     assert call in k.entry_point_source
 
@@ -68,7 +69,8 @@ def test_kernel_source_is_the_template_with_headers_inlined(cls):
     assert '#include "' not in src  # inlined, so the hash covers the header
     assert re.search(r'#line 1 ".*kernels/cek_row.cuh"', src)
     assert re.search(r'#line 1 ".*kernels/cek_types.cuh"', src)
-    assert re.search(rf'#line \d+ ".*kernels/{cls.name}.cu"', src)
+    source_file = cls.source_file or f"{cls.name}.cu"  # a *_rows variant lives in its twin's
+    assert re.search(rf'#line \d+ ".*kernels/{source_file}"', src)
     assert "entry_point" not in src
     # BLOCK_SIZE is only a template argument: the same template text at every size.
     assert cls(64).kernel_source == cls(16384).kernel_source
@@ -138,17 +140,33 @@ def test_tiling_follows_the_element_size(dtype, register_limit, threads_768, byt
     (1, 1, 1, "f32"), (4, 1, 1, "f32"), (5, 2, 1, "f32"), (32, 8, 1, "f32"), (128, 32, 1, "f32"),
     (129, 32, 1, "f32"), (256, 32, 1, "f32"), (512, 32, 1, "bf16"), (8, 1, 1, "f16"),
     (128, 32, 1, "f64")])
-def test_fused_runs_row_groups_up_to_64_chunks(n_dim, group, grid, dtype):
-    k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim, dtype)
+@pytest.mark.parametrize("cls", ROW_GROUPS, ids=lambda c: c.name)
+def test_row_group_kernels_run_row_groups_up_to_64_chunks(cls, n_dim, group, grid, dtype):
+    k = cls.for_n_dim(n_dim, dtype)
     assert k.group == group
     n_rows = 256 // group * grid  # exactly `grid` blocks' worth of rows
     assert k.launch_config(n_rows, n_dim) == ((grid, 1, 1), (256, 1, 1), 0)
     assert k.launch_config(n_rows + 1, n_dim)[0] == (grid + 1, 1, 1)
 
 
-def test_fused_above_256_is_one_block_per_row():
-    assert cek.CosineEmbeddingLossFused.for_n_dim(257).launch_config(9, 257) == \
-        ((9, 1, 1), (96, 1, 1), 0)
+@pytest.mark.parametrize("cls", ROW_GROUPS, ids=lambda c: c.name)
+def test_row_group_kernels_above_256_are_one_block_per_row(cls):
+    assert cls.for_n_dim(257).launch_config(9, 257) == ((9, 1, 1), (96, 1, 1), 0)
+
+
+def test_rows_variants_share_their_twins_template_file_and_arguments():
+    for rows, twin in ((cek.CosineEmbeddingLossBackwardRows, cek.CosineEmbeddingLossBackward),
+                       (cek.CosineEmbeddingLossForwardRows, cek.CosineEmbeddingLossForward)):
+        assert rows.args == twin.args
+        assert rows(64).kernel_source == twin(64).kernel_source
+        assert rows(64).id == twin.name + "_rows__f32__64"
+        assert rows(64).bytes_moved(10, 64) == twin(64).bytes_moved(10, 64)
+
+
+@pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossForward])
+def test_backward_and_forward_keep_one_block_per_row_for_narrow_rows(cls):
+    # Their documented contract, grid [n_rows, 1, 1], holds at every width.
+    assert cls.for_n_dim(64).launch_config(300, 64) == ((300, 1, 1), (32, 1, 1), 0)
 
 
 def test_launch_with_the_wrong_block_size_names_both_numbers():
