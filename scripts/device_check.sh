@@ -2,8 +2,9 @@
 # One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads):
 # the gpu test tier, then a `cek bench` sweep. Results land under $OUT (default ./out) as six
 # files: env.txt, gpu_tests.log, bench.log (progress), tables.txt, bench.json, bench_fused.png.
-# Budget: about 6 minutes; each step has its own timeout so a hang cannot eat the rest (their
-# sum, 590 s, stays under a 10-minute command).
+# Budget: 6 minutes; each step has its own timeout so that a hang cannot eat the rest, and the
+# timeouts add up to 355 s. A sweep cut short by its timeout keeps the widths it timed (cek bench
+# rewrites its JSON after every width).
 #
 #   bash scripts/device_check.sh            # from the repository root
 set -uo pipefail
@@ -19,7 +20,7 @@ status=0
   python3 -c "import cek.bench as b, json; print(json.dumps(b.versions()))"; } >"$OUT/env.txt" 2>&1
 
 # 1. The gpu tier: kernels, functional API and bench against the float64 reference.
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` run, its JSON kept in $PARTS
@@ -30,22 +31,27 @@ bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` run, its JSON kept in $
       >>"$OUT/tables.txt" 2>>"$OUT/bench.log" || status=1
 }
 
-# 2. The sweep: N*D ~ 5e7 at each width. torch.compile compiles once per shape, so it runs on
+# 2. The targets' shapes first: 65536x768 (every kernel), 8192x4096 and 1048576x128 (fused).
+bench target_768 40 --n-dim 768 --n-rows 65536 --kernel all --repeat 100 \
+    --baseline cupy,torch,torch-compile
+bench target_4096 15 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline torch
+bench target_128 15 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline torch
+
+# 3. The sweep: N*D ~ 5e7 at each width. torch.compile compiles once per shape, so it runs on
 #    the fused kernel only; forward and backward are timed against CuPy and PyTorch eager.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 150 $DIMS --n-rows auto --kernel fused --repeat 50 \
+bench sweep_fused 90 $DIMS --n-rows auto --kernel fused --repeat 50 \
     --baseline cupy,torch,torch-compile --plot "$OUT/bench_fused.png"
 # The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16 (no
 # torch.compile: it would compile every shape again). Its rows go to bench.json and tables.txt.
-bench sweep_fused_bf16 60 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+bench sweep_fused_bf16 35 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
     --baseline cupy,torch
-bench sweep_fwd_bwd 90 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+bench sweep_fwd_bwd 50 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
-# 3. The targets' shapes exactly: 65536x768 (all kernels), 8192x4096 and 1048576x128 (fused).
-bench target_768 60 --n-dim 768 --n-rows 65536 --kernel all --repeat 100 \
-    --baseline cupy,torch,torch-compile
-bench target_4096 40 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline torch
-bench target_128 40 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline torch
+# One block per row against row groups, where they differ (rows of at most 256 floats).
+bench sweep_rows 20 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+    --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
+    --repeat 50 --baseline none
 
 python3 - "$PARTS" "$OUT/bench.json" <<'PY'
 import json, pathlib, sys
