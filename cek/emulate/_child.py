@@ -39,7 +39,7 @@ def main() -> None:
         values.append(address)
     library = Library(job["library"])
     error = library.launch(job["grid"], job["block"], arg_values(job["ctypes"], values),
-                           job["shared_mem"], job["schedule"])
+                           job["shared_mem"], job["schedule"], 0)
     result = {"error": error, "arrays": [ctypes.string_at(a, n) for a, n in buffers]}
     sys.stdout.buffer.write(pickle.dumps(result))
     sys.stdout.flush()

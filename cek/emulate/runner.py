@@ -51,6 +51,18 @@ def check_shared_mem(shared_mem) -> int:
     return shared_mem
 
 
+def check_first_block(first_block) -> int:
+    """The first block to run; the runtime checks that it is below the grid's number of blocks."""
+    try:
+        value = operator.index(first_block)
+    except TypeError:
+        value = -1
+    # Past 2^64 ctypes would wrap the value silently into the runtime's unsigned long.
+    if isinstance(first_block, bool) or not 0 <= value < 2**64:
+        raise ValueError(f"first_block must be an int in [0, 2^64), got {first_block!r}")
+    return value
+
+
 def arg_values(ctypes_of_args: Sequence[str], values: Sequence) -> list:
     """The launch's arguments as ctypes objects; a pointer is given as an address (int)."""
     return [
@@ -70,13 +82,14 @@ class Library:
         self._launch.argtypes = [
             ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint),
             ctypes.POINTER(ctypes.c_uint), ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong,
-            ctypes.c_char_p, ctypes.c_ulong,
+            ctypes.c_ulong, ctypes.c_char_p, ctypes.c_ulong,
         ]
         self._lock = threading.Lock()
 
-    def launch(self, grid, block, values: list, shared_mem: int,
-               schedule: tuple[int, int]) -> str:
-        """Run the kernel; `values` from `arg_values`. Returns the runtime's error, "" if none."""
+    def launch(self, grid, block, values: list, shared_mem: int, schedule: tuple[int, int],
+               first_block: int) -> str:
+        """Run blocks first_block.. of the grid; `values` from `arg_values`. Returns the
+        runtime's error, "" if none."""
         pointers = (ctypes.c_void_p * len(values))(
             *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)
         )
@@ -84,7 +97,7 @@ class Library:
         with self._lock:
             failed = self._launch(
                 pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                schedule[0], schedule[1], error, len(error),
+                schedule[0], schedule[1], first_block, error, len(error),
             )
         return error.value.decode(errors="replace") if failed else ""
 

@@ -536,9 +536,11 @@ static void write_mxcsr(unsigned) {}
 static const unsigned kFlushBits = 0;
 #endif
 
+// Runs blocks first_block .. n_blocks - 1 (linear indices, x fastest): a test can run the last
+// rows of a problem whose arrays it fills only there.
 EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
                       unsigned long shared_mem, int schedule, unsigned long long seed,
-                      char* error, unsigned long error_size) {
+                      unsigned long first_block, char* error, unsigned long error_size) {
     g_failed = false;
     g_error[0] = 0;
     const unsigned mxcsr = read_mxcsr();
@@ -549,7 +551,11 @@ EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
     g_args = args;
     g_rng = seed;
     unsigned char* dynamic = cek_dynamic_shared();
-    if (g_threads < 1 || g_threads > kMaxThreads)
+    const unsigned long n_blocks = static_cast<unsigned long>(grid[0]) * grid[1] * grid[2];
+    if (first_block >= n_blocks)
+        fail(nullptr, 0, "first_block=%lu is not below the grid's %lu blocks", first_block,
+             n_blocks);
+    else if (g_threads < 1 || g_threads > kMaxThreads)
         fail(nullptr, 0, "a block of %d threads is outside [1, %d]", g_threads, kMaxThreads);
     else if (shared_mem > kDynamicSharedCapacity)
         fail(nullptr, 0, "shared_mem=%lu is over the %lu bytes of dynamic shared memory",
@@ -560,26 +566,24 @@ EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
         TlsBlock tls = {nullptr, 0};
         dl_iterate_phdr(find_tls, &tls);
         TSAN(g_tsan_scheduler = __tsan_get_current_fiber();)
-        const unsigned long n_blocks =
-            static_cast<unsigned long>(grid[0]) * grid[1] * grid[2];
         int runnable[kMaxThreads];
         // The block order follows the schedule too, so that blocks racing on global memory give
         // different results under different schedules. The random order is b = a*i + c mod n
         // with a coprime to n: a permutation without a table of n entries.
+        const unsigned long n = n_blocks - first_block;
         unsigned long a = 1, c = 0;
-        if (schedule == RANDOM && n_blocks > 1) {
-            do a = 1 + next_random() % (n_blocks - 1);
-            while (gcd(a, n_blocks) != 1);
-            c = next_random() % n_blocks;
+        if (schedule == RANDOM && n > 1) {
+            do a = 1 + next_random() % (n - 1);
+            while (gcd(a, n) != 1);
+            c = next_random() % n;
         }
-        for (unsigned long i = 0; i < n_blocks && !g_failed; ++i) {
-            const unsigned long b = schedule == REVERSE ? n_blocks - 1 - i
-                                    : schedule == RANDOM
-                                        ? static_cast<unsigned long>(
-                                              (static_cast<unsigned __int128>(a) * i + c) %
-                                              n_blocks)
-                                        : i;
-            block_index(b, &cek_block_idx);
+        for (unsigned long i = 0; i < n && !g_failed; ++i) {
+            const unsigned long b =
+                schedule == REVERSE ? n - 1 - i
+                : schedule == RANDOM
+                    ? static_cast<unsigned long>((static_cast<unsigned __int128>(a) * i + c) % n)
+                    : i;
+            block_index(first_block + b, &cek_block_idx);
             fill_shared(tls, dynamic, shared_mem);
             TSAN(__tsan_release(&g_tsan_block_start);)
             run_block(schedule, runnable);
