@@ -7,6 +7,7 @@ Data goes to stdout, progress and diagnostics to stderr. Exit codes: 0 ok; 1 the
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -264,6 +265,13 @@ def _n_rows(value: str, n_dim: int) -> int:
     return int(value)
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a process killed meanwhile leaves the old file whole."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 @main.command("bench")
 @click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True, required=True,
               help="Row width (repeatable for a sweep).")
@@ -324,7 +332,7 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
             rows += bench.as_dicts(got)
             failures += bad
             if json_file is not None:  # after every width: a sweep cut short keeps what it timed
-                json_file.write_text(json.dumps(rows, indent=2))
+                _write_atomically(json_file, json.dumps(rows, indent=2))
     shown = [{**r, "cek_speedup": "" if r["speedup_of_cek"] is None else f"{r['speedup_of_cek']:.2f}x",
               "shape": f"{r['n_rows']}x{r['n_dim']}"} for r in rows]
     if shown:  # every provider may have failed its check

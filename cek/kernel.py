@@ -273,8 +273,8 @@ class RowGroups:
     launch_contract = (
         "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
         "(float: BLOCK_SIZE <= 256): 256 threads a block, GROUP = min(32, BLOCK_SIZE/VEC) lanes "
-        "per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. Above: as the backward kernel, "
-        "grid [n_rows, 1, 1], one block per row"
+        "per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. Above: grid [n_rows, 1, 1], one "
+        "block per row, threads as in the backward and forward kernels"
     )
 
     @property
@@ -285,7 +285,7 @@ class RowGroups:
     def max_threads(self) -> int:
         """The block size the entry point promises in __launch_bounds__: row groups always run
         256 threads, which lets ptxas use more registers (at 1024 it spilled on sm_80)."""
-        return GROUPED_THREADS if self.grouped else MAX_THREADS
+        return GROUPED_THREADS if self.grouped else super().max_threads
 
     @property
     def group(self) -> int:

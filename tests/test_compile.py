@@ -17,8 +17,7 @@ pytestmark = pytest.mark.compile
 
 
 def _own_code(cls, block_size, dtype):
-    return not issubclass(cls, RowGroups) or cls.name.endswith("_fused") or \
-        cls(block_size, dtype).grouped
+    return not issubclass(cls, RowGroups) or cls.kind == "fused" or cls(block_size, dtype).grouped
 
 
 CASES = [(cls, b, dtype, arch)

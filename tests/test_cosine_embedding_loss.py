@@ -84,6 +84,23 @@ def test_emulator_matches_reference_in_other_dtypes(emulator, cls, n_dim, dtype)
         _assert_passes(check.run_case(kernel, emulator[schedule], "cpu", inputs, margin))
 
 
+GROUPED = [cls for cls in KERNELS if issubclass(cls, RowGroups)]
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("dtype, n_dim", [("f32", 1), ("f32", 3), ("f32", 33), ("f32", 128),
+                                          ("f32", 129), ("f64", 33), ("bf16", 129),
+                                          ("f16", 512)])
+@pytest.mark.parametrize("cls", GROUPED, ids=_id)
+def test_row_groups_over_several_blocks_and_a_partial_last_one(emulator, cls, n_dim, dtype):
+    # 300 rows: more than one 256-thread block holds at every GROUP, a multiple of none, so the
+    # last block has lanes without a row and a grid rounded down would drop rows.
+    kernel = cls.for_n_dim(n_dim, dtype)
+    assert kernel.grouped and kernel.launch_config(300, n_dim)[0][0] > 1
+    inputs = _inputs(cls, 300, n_dim, seed=n_dim, dtype=dtype)
+    _assert_passes(check.run_case(kernel, emulator["random:1"], "cpu", inputs, 0.25))
+
+
 @pytest.mark.emulator
 @pytest.mark.parametrize("cls, n_dim", _cases(LARGE_DIMS), ids=_id)
 def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):

@@ -251,3 +251,14 @@ def test_import_cek_needs_neither_cupy_nor_a_gpu():
             "print(cek.gpu.device_count(), cek.CosineEmbeddingLossFused(8).id)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "cosine_embedding_loss_fused__f32__8"]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.name)
+def test_launched_blocks_fit_the_entry_points_launch_bounds(cls, dtype):
+    # A GPU refuses a block larger than __launch_bounds__; the emulator does not check it.
+    for block_size in cls.block_sizes():
+        k = cls(block_size, dtype)
+        for n_dim in {block_size // 2 + 1, block_size}:
+            (_, block, _) = k.launch_config(300, n_dim)
+            assert block[0] % 32 == 0 and block[0] <= k.max_threads, (k.id, n_dim, block)
