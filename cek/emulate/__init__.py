@@ -16,10 +16,22 @@ line when known; a source the compiler rejects is a cek.compile.CompileError.
 
 first_block runs blocks first_block.. of the grid (linear index, x fastest), e.g. the last rows
 of a problem too big to fill; plain mode only (a sanitized launch copies whole arrays).
+
+    counts = cek.emulate.traffic(kernel, grid, block, args, shared_mem=smem)
+    counts["x1"].reads == (1, 1) and counts["x1"].read == x1.nbytes   # every byte read once
+
+launches like `load(kernel)` (in this process, outputs written) and counts the global-memory
+traffic: per array argument, how many bytes were read and written at least once, and the fewest
+and most reads (writes) of one such byte. The kernel is built in a "traffic" flavour in which g++
+calls a counting hook before every load and store of the optimised code (traffic.cpp), so a
+16-byte vector access counts once per byte like a scalar one, and an access outside the arrays
+(shared memory, the stack) counts nowhere. An array passed as None must not be touched at all.
+What is counted is g++'s code for the source: a load that only nvcc would merge or repeat is not.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -29,7 +41,7 @@ from cek.emulate import build, runner, sanitize as sanitized
 from cek.emulate.errors import KernelError
 from cek.kernel import Kernel
 
-__all__ = ["CompileError", "KernelError", "load"]
+__all__ = ["CompileError", "KernelError", "Traffic", "load", "traffic"]
 
 _FLAVOURS = {None: "plain", "thread": "thread", "address": "address"}
 
@@ -48,13 +60,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
     ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
 
     def launch(grid, block, args: Sequence, *, shared_mem: int = 0, first_block: int = 0) -> None:
-        cast = kernel.check_args(args, (np.ndarray,))
-        for spec, value in zip(kernel.args, cast):
-            if spec.output and not value.flags.writeable:
-                raise ValueError(f"{spec.name} must be writeable")
-        grid3 = runner.launch_dims(grid, "grid")
-        block3 = runner.launch_dims(block, "block")
-        smem = runner.check_shared_mem(shared_mem)
+        cast, grid3, block3, smem = _checked(kernel, grid, block, args, shared_mem)
         first = runner.check_first_block(first_block)
         if library is None and first:
             raise ValueError(f"first_block={first_block!r} needs sanitize=None: a sanitized "
@@ -71,3 +77,64 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
     launch.kernel = kernel
     launch.library = path
     return launch
+
+
+def _checked(kernel: Kernel, grid, block, args: Sequence, shared_mem) -> tuple:
+    """(args cast to their C types, grid, block, shared_mem), or the error a GPU launch gives."""
+    cast = kernel.check_args(args, (np.ndarray,))
+    for spec, value in zip(kernel.args, cast):
+        if spec.output and not value.flags.writeable:
+            raise ValueError(f"{spec.name} must be writeable")
+    return (cast, runner.launch_dims(grid, "grid"), runner.launch_dims(block, "block"),
+            runner.check_shared_mem(shared_mem))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The global-memory traffic of one launch on one array argument, counted per byte."""
+
+    size: int  # bytes of the array
+    read: int  # bytes read at least once
+    written: int  # bytes written at least once
+    reads: tuple[int, int]  # fewest and most reads of a byte read at least once; (0, 0): none
+    writes: tuple[int, int]
+
+
+def _summary(counts: np.ndarray) -> tuple[int, tuple[int, int]]:
+    touched = counts[counts > 0]
+    if touched.size == 0:
+        return 0, (0, 0)
+    return int(touched.size), (int(touched.min()), int(touched.max()))
+
+
+def traffic(kernel: Kernel, grid, block, args: Sequence, *, shared_mem: int = 0,
+            schedule: str = "forward") -> dict[str, Traffic]:
+    """Launch `kernel` on NumPy arrays as load(kernel) does and return the traffic of each array
+    argument by name (an argument given as None has none: touching it is a KernelError)."""
+    order = runner.parse_schedule(schedule)
+    cast, grid3, block3, smem = _checked(kernel, grid, block, args, shared_mem)
+    library = runner.open_library(str(build.library(kernel, "traffic")))
+    named = dict(zip((spec.name for spec in kernel.args), cast))
+    counters, watch = {}, []
+    for spec, value in zip(kernel.args, cast):
+        if not spec.is_pointer:
+            continue
+        if value is None:  # watched where the array would be if it started at address 0
+            size = int(np.prod([named[s] for s in spec.shape])) * kernel.arg_dtype(spec).itemsize
+            watch.append(runner.Watched(spec.name.encode(), 0, size, None, None))
+            continue
+        reads, writes = np.zeros(value.nbytes, np.uint32), np.zeros(value.nbytes, np.uint32)
+        counters[spec.name] = (value.nbytes, reads, writes)
+        watch.append(runner.Watched(spec.name.encode(), value.ctypes.data, value.nbytes,
+                                    reads.ctypes.data, writes.ctypes.data))
+    values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
+    ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
+    error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem, order,
+                           0, watch)
+    if error:
+        raise KernelError(error)
+    result = {}
+    for name, (size, reads, writes) in counters.items():
+        (read, read_range), (written, write_range) = _summary(reads), _summary(writes)
+        result[name] = Traffic(size, read, written, read_range, write_range)
+    return result

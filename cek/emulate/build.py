@@ -2,9 +2,10 @@
 
 A library is three parts linked together: the kernel's `source`, compiled unmodified with
 prelude.h force-included; a generated translation unit that calls the `extern "C"` entry point
-from a `void**` argument array and defines the dynamic shared memory; and runtime.cpp, compiled
-once per flavour into its own cached object. Files are written under a temporary name and moved
-into place with `os.replace`, so two processes building the same library at once both succeed.
+from a `void**` argument array and defines the dynamic shared memory; and runtime.cpp (in the
+traffic flavour traffic.cpp, which includes it), compiled once per flavour into its own cached
+object. Files are written under a temporary name and moved into place with `os.replace`, so two
+processes building the same library at once both succeed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cek.kernel import Kernel
 HERE = Path(__file__).resolve().parent
 PRELUDE = HERE / "prelude.h"
 RUNTIME = HERE / "runtime.cpp"
+TRAFFIC = HERE / "traffic.cpp"
 CXX = "g++"
 
 # -O2 builds a kernel in about the time -O1 does and runs its launches faster.
@@ -44,7 +46,19 @@ FLAVOURS = {
         ("-fsanitize=alignment", "-fsanitize=address", "-fno-omit-frame-pointer", "-g1"),
         ("-DCEK_ASAN",),
     ),
+    # Outlined KASAN checks are calls to hooks that traffic.cpp defines to count every access
+    # (see there); nothing else of KASAN is wanted: no redzones, no use-after-scope poisoning.
+    # --wrap: memcpy and friends, which KASAN leaves unchecked, must not touch an array unseen.
+    "traffic": (
+        ("-fsanitize=alignment", "-fsanitize=kernel-address",
+         "--param=asan-instrumentation-with-call-threshold=0", "--param=asan-stack=0",
+         "--param=asan-globals=0", "-fno-sanitize-address-use-after-scope",
+         "-Wl,--wrap=memcpy,--wrap=memmove,--wrap=memset"),
+        (),
+    ),
 }
+# The runtime's sources per flavour, the last one compiled (it includes the others).
+RUNTIME_SOURCES = {"traffic": (RUNTIME, TRAFFIC)}
 DYNAMIC_SHARED_BYTES = 48 * 1024  # kDynamicSharedCapacity in runtime.cpp
 
 # `extern __shared__ T name[];`: the kernel declares it, the generated unit defines it.
@@ -130,15 +144,21 @@ def _build_once(target: Path, build) -> Path:
     return target
 
 
+def _runtime_sources(flavour: str) -> tuple[Path, ...]:
+    return RUNTIME_SOURCES.get(flavour, (RUNTIME,))
+
+
 def runtime_object(flavour: str) -> Path:
-    """runtime.cpp compiled for `flavour`: one object shared by every kernel library."""
+    """The runtime compiled for `flavour`: one object shared by every kernel library."""
     flags = (*COMMON, *FLAVOURS[flavour][1])
-    key = _digest(PRELUDE.read_bytes(), RUNTIME.read_bytes(), *flags, compiler_version())
+    sources = _runtime_sources(flavour)
+    key = _digest(PRELUDE.read_bytes(), *(s.read_bytes() for s in sources), *flags,
+                  compiler_version())
     target = cache_dir() / "emulate" / f"runtime-{flavour}-{key[:16]}.o"
 
     def build(tmp: Path) -> Path:
         out = tmp / "runtime.o"
-        _run([CXX, *flags, "-I", str(HERE), "-c", str(RUNTIME), "-o", str(out)],
+        _run([CXX, *flags, "-I", str(HERE), "-c", str(sources[-1]), "-o", str(out)],
              f"emulator runtime ({flavour})", tmp)
         return out
 
@@ -151,7 +171,8 @@ def library(kernel: Kernel, flavour: str = "plain") -> Path:
         raise ValueError(f"flavour must be one of {sorted(FLAVOURS)}, got {flavour!r}")
     flags = (*COMMON, *FLAVOURS[flavour][0])
     entry = entry_source(kernel)
-    key = _digest(kernel.source, entry, PRELUDE.read_bytes(), RUNTIME.read_bytes(), *flags,
+    key = _digest(kernel.source, entry, PRELUDE.read_bytes(),
+                  *(s.read_bytes() for s in _runtime_sources(flavour)), *flags,
                   *FLAVOURS[flavour][1], compiler_version())
     memo_key = (str(cache_dir()), key)
     with _memo_lock:

@@ -71,6 +71,14 @@ def arg_values(ctypes_of_args: Sequence[str], values: Sequence) -> list:
     ]
 
 
+class Watched(ctypes.Structure):
+    """An array whose accesses a traffic library counts (struct CekWatched in traffic.cpp):
+    `reads` and `writes` point at one uint32 counter per byte, both null for a None argument."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("base", ctypes.c_ulong), ("size", ctypes.c_ulong),
+                ("reads", ctypes.c_void_p), ("writes", ctypes.c_void_p)]
+
+
 class Library:
     """One loaded kernel library. Launches take a lock: the runtime's state is global."""
 
@@ -87,18 +95,24 @@ class Library:
         self._lock = threading.Lock()
 
     def launch(self, grid, block, values: list, shared_mem: int, schedule: tuple[int, int],
-               first_block: int) -> str:
+               first_block: int, watch: Sequence[Watched] = ()) -> str:
         """Run blocks first_block.. of the grid; `values` from `arg_values`. Returns the
-        runtime's error, "" if none."""
+        runtime's error, "" if none. A traffic library counts the accesses to `watch`."""
         pointers = (ctypes.c_void_p * len(values))(
             *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)
         )
         error = ctypes.create_string_buffer(4096)
         with self._lock:
-            failed = self._launch(
-                pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                schedule[0], schedule[1], first_block, error, len(error),
-            )
+            if watch and self._dll.cek_traffic_watch(len(watch), (Watched * len(watch))(*watch)):
+                raise ValueError(f"a traffic library watches at most 16 arrays, not {len(watch)}")
+            try:
+                failed = self._launch(
+                    pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
+                    shared_mem, schedule[0], schedule[1], first_block, error, len(error),
+                )
+            finally:
+                if watch:
+                    self._dll.cek_traffic_watch(0, None)
         return error.value.decode(errors="replace") if failed else ""
 
 
