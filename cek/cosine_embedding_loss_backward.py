@@ -35,3 +35,4 @@ class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
 
     name = "cosine_embedding_loss_backward_rows"
     source_file = "cosine_embedding_loss_backward.cu"
+    twin = CosineEmbeddingLossBackward

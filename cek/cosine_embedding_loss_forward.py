@@ -30,3 +30,4 @@ class CosineEmbeddingLossForwardRows(RowGroups, CosineEmbeddingLossForward):
 
     name = "cosine_embedding_loss_forward_rows"
     source_file = "cosine_embedding_loss_forward.cu"
+    twin = CosineEmbeddingLossForward

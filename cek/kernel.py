@@ -63,6 +63,7 @@ class Kernel:
     name: ClassVar[str]
     kind: ClassVar[str]  # the math it computes: "forward", "backward" or "fused"
     source_file: ClassVar[str | None] = None  # default: f"{name}.cu"
+    twin: ClassVar[type[Kernel] | None] = None  # the kernel a variant shares its math with
     args: ClassVar[tuple[Arg, ...]]
     max_block_size: ClassVar[int] = 1 << 20
     max_threads: ClassVar[int] = MAX_THREADS
@@ -186,6 +187,11 @@ class Kernel:
         return self.row_chunks > max_chunks
 
     @property
+    def runs_twin_code(self) -> bool:
+        """True where a variant only calls the kernel it is a variant of (see RowGroups)."""
+        return False
+
+    @property
     def chunks_per_thread(self) -> int:
         return 1 if self.streamed else max(1, self.row_chunks // MAX_THREADS)
 
@@ -286,6 +292,11 @@ class RowGroups:
         """The block size the entry point promises in __launch_bounds__: row groups always run
         256 threads, which lets ptxas use more registers (at 1024 it spilled on sm_80)."""
         return GROUPED_THREADS if self.grouped else super().max_threads
+
+    @property
+    def runs_twin_code(self) -> bool:
+        """True for a variant whose rows are too wide for row groups: it calls its twin."""
+        return self.twin is not None and not self.grouped
 
     @property
     def group(self) -> int:

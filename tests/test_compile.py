@@ -7,22 +7,16 @@ import pytest
 import cek
 from cek.dtypes import DTYPES
 from cek.compile import CompileError, compile_kernel
-from cek.kernel import Kernel, RowGroups, kernel_classes
+from cek.kernel import Kernel, kernel_classes
 
 pytestmark = pytest.mark.compile
 
 # Every kernel at every BLOCK_SIZE in every dtype, for sm_80 and sm_90 (ptxas allocates
 # registers per architecture: the half-precision row groups once spilled on sm_80 alone).
 # A *_rows variant above the row-group width calls its twin's code, compiled here already.
-
-
-def _own_code(cls, block_size, dtype):
-    return not issubclass(cls, RowGroups) or cls.kind == "fused" or cls(block_size, dtype).grouped
-
-
 CASES = [(cls, b, dtype, arch)
          for cls in kernel_classes().values() for dtype in DTYPES for b in cls.block_sizes()
-         for arch in ("sm_80", "sm_90") if _own_code(cls, b, dtype)]
+         for arch in ("sm_80", "sm_90") if not cls(b, dtype).runs_twin_code]
 VECTOR_LOAD = re.compile(r"ld\.global\.nc\.v(4\.[bsuf]32|2\.[bsuf]64)")
 VECTOR_STORE = re.compile(r"st\.global\.v(4\.[bsuf]32|2\.[bsuf]64)")
 

@@ -31,8 +31,7 @@ def _cases(dims, dtype="f32"):
     row groups and it runs its twin's code (tested with the twin), except at 768: that the
     variant gets there is tested once."""
     return [(cls, d) for cls in KERNELS for d in dims
-            if not (issubclass(cls, RowGroups) and cls.kind != "fused" and d != 768
-                    and not cls.for_n_dim(d, dtype).grouped)]
+            if d == 768 or not cls.for_n_dim(d, dtype).runs_twin_code]
 
 
 def _id(case):

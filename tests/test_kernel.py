@@ -157,6 +157,7 @@ def test_row_group_kernels_above_256_are_one_block_per_row(cls):
 def test_rows_variants_share_their_twins_template_file_and_arguments():
     for rows, twin in ((cek.CosineEmbeddingLossBackwardRows, cek.CosineEmbeddingLossBackward),
                        (cek.CosineEmbeddingLossForwardRows, cek.CosineEmbeddingLossForward)):
+        assert rows.twin is twin
         assert rows.args == twin.args
         assert rows(64).kernel_source == twin(64).kernel_source
         assert rows(64).id == twin.name + "_rows__f32__64"
