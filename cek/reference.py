@@ -2,6 +2,9 @@
 
     sq1 = sum x1^2, sq2 = sum x2^2, dot = sum x1*x2
     r1 = 1/sqrt(sq1 + EPS), r2 = 1/sqrt(sq2 + EPS), c = dot*r1*r2        (EPS = 1e-12, PyTorch's)
+
+EPS is PyTorch's float constant 1e-12f widened to double (9.999999960041972e-13), as ATen adds it
+in float64, so a zero or tiny float64 row gives torch's bits.
     loss = 1 - c if y == 1;  max(0, c - margin) if y == -1;  0 otherwise
     coeff = -dy if y == 1;  dy if y == -1 and c > margin;  0 otherwise
     dx1 = coeff*(x2*r2 - c*x1*r1)*r1,  dx2 = coeff*(x1*r1 - c*x2*r2)*r2
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-EPS = 1e-12
+EPS = float(np.float32(1e-12))  # ATen's `EPSILON = 1e-12` is a float
 
 
 def _rows(x1, x2, y):

@@ -23,7 +23,9 @@
 
 #include "cek_types.cuh"
 
-#define CEK_EPS 1e-12  // PyTorch's EPSILON, added to each squared norm
+// PyTorch's EPSILON, added to each squared norm. A float literal, as in ATen (Loss.cpp), so the
+// double kernels add 1e-12f widened to double (9.999999960041972e-13), exactly as torch does.
+#define CEK_EPS 1e-12f
 
 constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
