@@ -10,6 +10,7 @@ class CosineEmbeddingLossBackward(Kernel):
     """dx1, dx2 of the per-row cosine embedding loss, given the upstream gradient dy [n_rows]."""
 
     name = "cosine_embedding_loss_backward"
+    short_name = "backward"
     kind = "backward"
     args = (
         Arg("dy", "A*", ROW),
@@ -34,5 +35,6 @@ class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
     256); the same arguments and results. Faster there, but its grid is not [n_rows, 1, 1]."""
 
     name = "cosine_embedding_loss_backward_rows"
+    short_name = "backward-rows"
     source_file = "cosine_embedding_loss_backward.cu"
     twin = CosineEmbeddingLossBackward

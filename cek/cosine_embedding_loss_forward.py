@@ -8,6 +8,7 @@ class CosineEmbeddingLossForward(Kernel):
     """The per-row cosine embedding loss out [n_rows]."""
 
     name = "cosine_embedding_loss_forward"
+    short_name = "forward"
     kind = "forward"
     args = (
         Arg("x1", "T*", MATRIX),
@@ -29,5 +30,6 @@ class CosineEmbeddingLossForwardRows(RowGroups, CosineEmbeddingLossForward):
     256); the same arguments and results. Faster there, but its grid is not [n_rows, 1, 1]."""
 
     name = "cosine_embedding_loss_forward_rows"
+    short_name = "forward-rows"
     source_file = "cosine_embedding_loss_forward.cu"
     twin = CosineEmbeddingLossForward

@@ -13,6 +13,7 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
     """
 
     name = "cosine_embedding_loss_fused"
+    short_name = "fused"
     kind = "fused"
     args = (
         Arg("x1", "T*", MATRIX),

@@ -9,7 +9,6 @@ same launches.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -56,9 +55,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+_REGISTRY: dict[str, type["Kernel"]] = {}
+
+
 class Kernel:
     """Base class. Subclasses set `name`, `kind`, `args` and `bytes_moved`; `source_file` when the
-    template lives in another kernel's file (a variant beside its twin)."""
+    template lives in another kernel's file (a variant beside its twin); `short_name` to be listed
+    by `kernel_classes()` (the CLI's name for it)."""
 
     name: ClassVar[str]
     kind: ClassVar[str]  # the math it computes: "forward", "backward" or "fused"
@@ -67,6 +70,16 @@ class Kernel:
     args: ClassVar[tuple[Arg, ...]]
     max_block_size: ClassVar[int] = 1 << 20
     max_threads: ClassVar[int] = MAX_THREADS
+    short_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        short = cls.__dict__.get("short_name")
+        if short is not None:
+            if short in _REGISTRY:
+                raise ValueError(f"two kernel classes named {short!r}")
+            _REGISTRY[short] = cls
+
     launch_contract: ClassVar[str] = (
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
         "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
@@ -116,11 +129,26 @@ class Kernel:
         names = ", ".join(a.name for a in self.args)
         element = "" if self.dtype == "f32" else f", {dtypes.get(self.dtype).c_type}"
         return (
-            f'extern "C" __global__ void __launch_bounds__({self.max_threads}) '
+            self._tiling_asserts()
+            + f'extern "C" __global__ void __launch_bounds__({self.max_threads}) '
             f"{self.entry_point_name()}({params}) {{\n"
             f"    {self.name}<{self.block_size}{element}>({names});\n"
             f"}}\n"
         )
+
+    def _tiling_asserts(self) -> str:
+        """static_asserts that the tiling this class launches with is CekTiling's (cek_row.cuh):
+        NVRTC and the emulator's g++ both refuse a kernel whose two mirrors disagree."""
+        tiling = f"CekTiling<{self.block_size}, {dtypes.get(self.dtype).c_type}>"
+        facts = {"VEC": self.vec, "ROW_CHUNKS": self.row_chunks,
+                 "STREAMED": str(self.streamed).lower(), "CHUNKS": self.chunks_per_thread,
+                 "THREADS": self.threads(self.block_size)}
+        if isinstance(self, RowGroups):
+            facts.update(GROUPED=str(self.grouped).lower(), GROUP=self.group)
+            facts["GROUPED_THREADS"] = GROUPED_THREADS
+        return "".join(
+            f'static_assert({tiling}::{name} == {value}, "cek/kernel.py and CekTiling disagree '
+            f'on {name}");\n' for name, value in facts.items())
 
     def c_type(self, arg: Arg) -> str:
         """The C type of `arg` for this kernel's dtype (T the element, A the accumulator)."""
@@ -310,19 +338,9 @@ class RowGroups:
         return (math.ceil(n_rows / rows_per_block), 1, 1), (GROUPED_THREADS, 1, 1)
 
 
-@functools.lru_cache(maxsize=None)
 def kernel_classes() -> dict[str, type[Kernel]]:
-    """Every kernel class by its short CLI name ("backward", "forward", ...)."""
-    from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
-                                                    CosineEmbeddingLossBackwardRows)
-    from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
-                                                   CosineEmbeddingLossForwardRows)
-    from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-
-    return {
-        "backward": CosineEmbeddingLossBackward,
-        "forward": CosineEmbeddingLossForward,
-        "fused": CosineEmbeddingLossFused,
-        "backward-rows": CosineEmbeddingLossBackwardRows,
-        "forward-rows": CosineEmbeddingLossForwardRows,
-    }
+    """Every kernel class by its short CLI name ("backward", "forward", ...): the classes that
+    set `short_name`, which register themselves when their module is imported (`import cek`
+    imports them all), kernels first, then the variants, each in the order they were defined."""
+    ordered = sorted(_REGISTRY.items(), key=lambda item: item[1].twin is not None)
+    return dict(ordered)

@@ -31,6 +31,7 @@ constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
 constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 constexpr int CEK_MAX_BLOCK_SIZE = 1 << 20;
+constexpr int CEK_GROUPED_THREADS = 256;
 
 template <int BLOCK_SIZE, typename T>
 struct CekTiling {
@@ -46,6 +47,12 @@ struct CekTiling {
         ROW_CHUNKS / CEK_MAX_THREADS > 1 && !STREAMED ? ROW_CHUNKS / CEK_MAX_THREADS : 1;
     static constexpr int GROUP = ROW_CHUNKS > CEK_WARP ? CEK_WARP : ROW_CHUNKS;
     static constexpr int GROUP_CHUNKS = ROW_CHUNKS / GROUP;
+    static constexpr int GROUPED_THREADS = CEK_GROUPED_THREADS;
+    // The most threads a one-block-per-row launch takes (a row of BLOCK_SIZE elements): the
+    // launcher's rule in cek/kernel.py, which the generated entry point checks against this.
+    static constexpr int THREADS =
+        STREAMED ? CEK_MAX_THREADS
+                 : (ROW_CHUNKS / CHUNKS + CEK_WARP - 1) / CEK_WARP * CEK_WARP;
 };
 
 // 16 bytes of a row: VEC elements, moved as one 128-bit access when aligned.

@@ -70,3 +70,17 @@ def test_compile_error_carries_the_log_with_file_and_line():
 def test_arch_is_validated():
     with pytest.raises(ValueError, match="arch must look like sm_90, got 'compute_90'"):
         cek.CosineEmbeddingLossBackward(8).compile("compute_90")
+
+
+class _MisTiled(cek.CosineEmbeddingLossFused):
+    """Launches two chunks per thread where CekTiling holds one: a mirror out of step."""
+
+    @property
+    def chunks_per_thread(self):
+        return 2
+
+
+def test_compiler_refuses_a_tiling_mirror_out_of_step():
+    with pytest.raises(CompileError) as info:
+        compile_kernel(_MisTiled(1024), "sm_90")
+    assert "cek/kernel.py and CekTiling disagree on CHUNKS" in info.value.log

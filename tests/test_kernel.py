@@ -1,6 +1,7 @@
 """cpu tier: the Kernel fields, ids, sources, entry points, launch configs and argument checks."""
 
 import hashlib
+import inspect
 import re
 
 import numpy as np
@@ -263,3 +264,16 @@ def test_launched_blocks_fit_the_entry_points_launch_bounds(cls, dtype):
         for n_dim in {block_size // 2 + 1, block_size}:
             (_, block, _) = k.launch_config(300, n_dim)
             assert block[0] % 32 == 0 and block[0] <= k.max_threads, (k.id, n_dim, block)
+
+
+def test_registry_lists_every_kernel_once_without_importing_its_subclasses():
+    assert list(kernel_classes()) == ["backward", "forward", "fused", "backward-rows",
+                                      "forward-rows"]
+    assert all(cls.short_name == short for short, cls in kernel_classes().items())
+    source = inspect.getsource(cek.kernel)
+    assert "import cek.cosine" not in source and "from cek.cosine" not in source
+
+
+def test_a_second_kernel_with_a_taken_short_name_is_refused():
+    with pytest.raises(ValueError, match="two kernel classes named 'fused'"):
+        type("Again", (cek.Kernel,), {"short_name": "fused"})
