@@ -24,6 +24,8 @@ WARP = 32
 MAX_THREADS = 1024
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 GROUPED_THREADS = 256
+OCCUPANCY_THREADS = 1536  # resident threads per SM the register budget aims for: 75% of 2048
+MAX_BLOCKS_PER_SM = 32
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,6 @@ class Kernel:
     twin: ClassVar[type[Kernel] | None] = None  # the kernel a variant shares its math with
     args: ClassVar[tuple[Arg, ...]]
     max_block_size: ClassVar[int] = 1 << 20
-    max_threads: ClassVar[int] = MAX_THREADS
     short_name: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs):
@@ -130,7 +131,8 @@ class Kernel:
         element = "" if self.dtype == "f32" else f", {dtypes.get(self.dtype).c_type}"
         return (
             self._tiling_asserts()
-            + f'extern "C" __global__ void __launch_bounds__({self.max_threads}) '
+            + f'extern "C" __global__ void __launch_bounds__({self.max_threads}, '
+            f"{self.min_blocks}) "
             f"{self.entry_point_name()}({params}) {{\n"
             f"    {self.name}<{self.block_size}{element}>({names});\n"
             f"}}\n"
@@ -218,6 +220,31 @@ class Kernel:
     def runs_twin_code(self) -> bool:
         """True where a variant only calls the kernel it is a variant of (see RowGroups)."""
         return False
+
+    @property
+    def max_threads(self) -> int:
+        """The block size the entry point promises in __launch_bounds__: the most threads a row
+        of BLOCK_SIZE elements takes (CekTiling::THREADS), so ptxas budgets registers for it."""
+        return self.threads(self.block_size)
+
+    @property
+    def chunks_held(self) -> int:
+        """Chunks of x1 (and as many of x2) each thread holds in registers."""
+        return self.chunks_per_thread
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the entry point asks ptxas to fit, by limiting its registers: enough
+        for 3/4 of the 2048 threads an sm_80 or sm_90 SM holds (at most its 32 blocks; 2 of
+        1024 threads, 32 registers, as 1.5 blocks cannot be resident). Only where ptxas fits
+        that budget without spilling, as measured on sm_80 and sm_90: a thread holding one chunk
+        pair of float or a 16-bit type (not doubles: two registers a value), and at 1024 threads
+        float only (the 16-bit conversions need more than 32 registers there)."""
+        itemsize = dtypes.get(self.dtype).array.itemsize
+        if (self.streamed or self.chunks_held > 1 or itemsize == 8
+                or (itemsize == 2 and self.max_threads >= MAX_THREADS)):
+            return 1
+        return min(MAX_BLOCKS_PER_SM, max(1, math.ceil(OCCUPANCY_THREADS / self.max_threads)))
 
     @property
     def chunks_per_thread(self) -> int:
@@ -320,6 +347,10 @@ class RowGroups:
         """The block size the entry point promises in __launch_bounds__: row groups always run
         256 threads, which lets ptxas use more registers (at 1024 it spilled on sm_80)."""
         return GROUPED_THREADS if self.grouped else super().max_threads
+
+    @property
+    def chunks_held(self) -> int:
+        return self.row_chunks // self.group if self.grouped else super().chunks_held
 
     @property
     def runs_twin_code(self) -> bool:

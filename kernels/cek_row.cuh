@@ -135,13 +135,13 @@ __device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
     return v;
 }
 
-// Sums over the block and gives every thread the totals. One barrier: each warp publishes its
+// Reduces over the block and gives every thread the totals. One barrier: each warp publishes its
 // partials, then every warp reads them all at once (lane w takes warp w's) and reduces them with
 // shuffles: one shared-memory load and 15 shuffles per warp, where looping over up to 32
 // partials in every thread costs 96 loads per thread (a 1024-thread block issues ~3000 warp
 // loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
-// only commutes operands), so all threads hold the same bits, run after run. Call once per
-// kernel: the shared array is not protected against reuse.
+// only commutes operands), so all threads hold the same bits, run after run. A second call
+// must pass a barrier after the first: the shared array is not protected against reuse.
 template <typename Acc>
 __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
     v = cek_group_sum<CEK_WARP>(v);
@@ -156,16 +156,56 @@ __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
     return cek_group_sum<CEK_WARP>(total);
 }
 
-template <typename T>
+// Adds a chunk pair to the sums, each value first multiplied by its scale (1, or a power of two
+// for a rescaled row: exact unless it underflows, where it adds nothing the sums could show).
+template <bool SCALED = false, typename T>
 __device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekChunk<T>& a,
-                                               const CekChunk<T>& b) {
+                                               const CekChunk<T>& b, CekAcc<T> s1 = 1,
+                                               CekAcc<T> s2 = 1) {
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
-        const CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        if (SCALED) x *= s1, z *= s2;
         s.sq1 += x * x;
         s.sq2 += z * z;
         s.dot += x * z;
     }
+}
+
+// Huge rows. A squared norm of float32 overflows from |x| ~ 1e19 on, and long before that the
+// gradient factor coeff*r1*r2 falls below the smallest normal float, which the GPU flushes to 0.
+// A row whose sq1 or sq2 reaches CekLimits::BIG (the square root of the largest finite value) is
+// summed again, from registers, with that side scaled by a power of two: MID where its squared
+// norm was finite (then in [1, BIG)), FAR where it overflowed (then at least 2^-32, and the
+// elements this flushes add less than 2^-74 of it). c is unchanged, EPS is negligible beside
+// such a norm, and the gradient is formed from the scaled values and scaled back
+// (cek_store_chunk_gradients); where its factors p or q1 underflow even so, so does the exact
+// gradient. Ordinary rows pay one uniform compare; a NaN or inf in a row takes the same branch
+// and keeps its NaN.
+template <typename Acc>
+struct CekLimits;
+template <>
+struct CekLimits<float> {
+    static constexpr float BIG = 18446744073709551616.0f, MAX = 3.40282346638528859812e38f,
+                           MID = 2.3283064365386963e-10f,     // 2^-32
+                           FAR = 8.271806125530277e-25f;      // 2^-80
+};
+template <>
+struct CekLimits<double> {
+    static constexpr double BIG = 1.3407807929942597e154, MAX = 1.7976931348623157e308,
+                            MID = 8.636168555094445e-78,      // 2^-256
+                            FAR = 2.6497349136889905e-169;    // 2^-560
+};
+
+template <typename Acc>
+__device__ __forceinline__ bool cek_sums_ordinary(const CekSums<Acc>& s) {
+    return s.sq1 < CekLimits<Acc>::BIG && s.sq2 < CekLimits<Acc>::BIG;
+}
+
+template <typename Acc>
+__device__ __forceinline__ Acc cek_scale_for(Acc sq) {
+    using L = CekLimits<Acc>;
+    return sq < L::BIG ? Acc(1) : sq <= L::MAX ? L::MID : L::FAR;
 }
 
 // One row of x1 and x2 held in registers: this lane's CHUNKS chunks, in storage type.
@@ -175,38 +215,54 @@ struct CekRowPair {
     CekChunk<T> b[CHUNKS];  // x2
 };
 
-// Loads this lane's chunks of a row and returns its partial sums.
+// Loads this lane's chunks of a row and returns its partial sums. Every load is issued before
+// the first value is used: one round trip to memory per row, however many chunks.
 template <int CHUNKS, typename T>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_load_row_pair(
     CekRowPair<CHUNKS, T>& rp, const T* __restrict__ x1, const T* __restrict__ x2, int n_dim,
     bool vec, int lane, int lanes) {
-    CekSums<CekAcc<T>> s = {0, 0, 0};
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) {
-        const int chunk = lane + i * lanes;
-        rp.a[i] = cek_load_chunk(x1, chunk, n_dim, vec);
-        rp.b[i] = cek_load_chunk(x2, chunk, n_dim, vec);
-        cek_accumulate(s, rp.a[i], rp.b[i]);
+        rp.a[i] = cek_load_chunk(x1, lane + i * lanes, n_dim, vec);
+        rp.b[i] = cek_load_chunk(x2, lane + i * lanes, n_dim, vec);
     }
+    CekSums<CekAcc<T>> s = {0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) cek_accumulate(s, rp.a[i], rp.b[i]);
     return s;
 }
 
-// The streamed path's partial sums: the block loops over the row.
-template <typename T>
+// This lane's partial sums of a row in registers, its values scaled by s1 and s2.
+template <int CHUNKS, typename T>
+__device__ __forceinline__ CekSums<CekAcc<T>> cek_row_pair_scaled_sums(
+    const CekRowPair<CHUNKS, T>& rp, CekAcc<T> s1, CekAcc<T> s2) {
+    CekSums<CekAcc<T>> s = {0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) cek_accumulate<true>(s, rp.a[i], rp.b[i], s1, s2);
+    return s;
+}
+
+// The streamed path's partial sums, the values scaled by s1 and s2 where SCALED: the block loops
+// over the row.
+template <bool SCALED = false, typename T>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_stream_row_sums(const T* __restrict__ x1,
                                                                    const T* __restrict__ x2,
-                                                                   int n_dim, bool vec) {
+                                                                   int n_dim, bool vec,
+                                                                   CekAcc<T> s1 = 1,
+                                                                   CekAcc<T> s2 = 1) {
     CekSums<CekAcc<T>> s = {0, 0, 0};
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
-        cek_accumulate(s, cek_load_chunk(x1, chunk, n_dim, vec), cek_load_chunk(x2, chunk, n_dim, vec));
+        cek_accumulate<SCALED>(s, cek_load_chunk(x1, chunk, n_dim, vec),
+                               cek_load_chunk(x2, chunk, n_dim, vec), s1, s2);
     return s;
 }
 
-// c, r1, r2 of a row from its sums.
+// c, r1, r2 of a row from its sums; s1, s2 the scales its sums were taken with (1: ordinary).
 template <typename Acc>
 struct CekCosine {
     Acc c, r1, r2;
+    Acc s1 = 1, s2 = 1;
 };
 
 template <typename Acc>
@@ -218,20 +274,41 @@ __device__ __forceinline__ CekCosine<Acc> cek_cosine(CekSums<Acc> s) {
     return k;
 }
 
+// The same for sums of values scaled by s1 and s2: EPS scales with the squared norm, so r1 and r2
+// are those of the unscaled row divided by s1 and s2, and c is the row's (cek_scale_for).
+template <typename Acc>
+__device__ __forceinline__ CekCosine<Acc> cek_scaled_cosine(CekSums<Acc> s, Acc s1, Acc s2) {
+    CekCosine<Acc> k;
+    k.r1 = cek_rsqrt(s.sq1 + Acc(CEK_EPS) * s1 * s1);
+    k.r2 = cek_rsqrt(s.sq2 + Acc(CEK_EPS) * s2 * s2);
+    k.c = s.dot * k.r1 * k.r2;
+    k.s1 = s1;
+    k.s2 = s2;
+    return k;
+}
+
 // dx1 = coeff*(x2*r2 - c*x1*r1)*r1 and dx2 = coeff*(x1*r1 - c*x2*r2)*r2 for one chunk, expanded
 // as p*x2 - q1*x1 and p*x1 - q2*x2 (fewer multiplies per element). With coeff == 0 every element
-// is still written: 0 for finite inputs, NaN where the row has a NaN.
+// is still written: 0 for finite inputs, NaN where the row has a NaN. A rescaled row (s1, s2 not
+// 1) has r1, r2 of the scaled values: dx1 = s1*(p*x2' - q1*x1') with x' = x*s, and so on.
 template <typename Acc>
 struct CekGradient {
     Acc p, q1, q2;
+    Acc s1, s2;
 };
 
 template <typename Acc>
 __device__ __forceinline__ CekGradient<Acc> cek_gradient(CekCosine<Acc> k, Acc coeff) {
-    return {coeff * k.r1 * k.r2, coeff * k.c * k.r1 * k.r1, coeff * k.c * k.r2 * k.r2};
+    return {coeff * k.r1 * k.r2, coeff * k.c * k.r1 * k.r1, coeff * k.c * k.r2 * k.r2, k.s1,
+            k.s2};
 }
 
-template <typename T>
+template <typename Acc>
+__device__ __forceinline__ bool cek_rescaled(const CekGradient<Acc>& g) {
+    return g.s1 != Acc(1) || g.s2 != Acc(1);
+}
+
+template <bool SCALED = false, typename T>
 __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
                                                           T* __restrict__ dx2, int chunk,
                                                           int n_dim, bool vec,
@@ -241,36 +318,69 @@ __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
     CekChunk<T> d1, d2;
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
-        const CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
-        d1.v[i] = CekType<T>::from_acc(g.p * z - g.q1 * x);
-        d2.v[i] = CekType<T>::from_acc(g.p * x - g.q2 * z);
+        CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        if (SCALED) {
+            x *= g.s1, z *= g.s2;
+            d1.v[i] = CekType<T>::from_acc(g.s1 * (g.p * z - g.q1 * x));
+            d2.v[i] = CekType<T>::from_acc(g.s2 * (g.p * x - g.q2 * z));
+        } else {
+            d1.v[i] = CekType<T>::from_acc(g.p * z - g.q1 * x);
+            d2.v[i] = CekType<T>::from_acc(g.p * x - g.q2 * z);
+        }
     }
     cek_store_chunk(dx1, chunk, n_dim, vec, d1);
     cek_store_chunk(dx2, chunk, n_dim, vec, d2);
 }
 
+// Writes this lane's chunks of the gradient from registers. A rescaled row reads x1 and x2
+// again instead: in that branch rp is then dead, which keeps the scaled arithmetic from
+// costing registers (and spills) on the ordinary path; only huge rows pay the second read.
 template <int CHUNKS, typename T>
 __device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS, T>& rp,
+                                                        const T* __restrict__ x1,
+                                                        const T* __restrict__ x2,
                                                         T* __restrict__ dx1, T* __restrict__ dx2,
                                                         int n_dim, bool vec, int lane, int lanes,
                                                         CekGradient<CekAcc<T>> g) {
+    if (cek_rescaled(g)) {
+#pragma unroll 1
+        for (int i = 0; i < CHUNKS; ++i) {
+            const int chunk = lane + i * lanes;
+            cek_store_chunk_gradients<true>(dx1, dx2, chunk, n_dim, vec, g,
+                                            cek_load_chunk(x1, chunk, n_dim, vec),
+                                            cek_load_chunk(x2, chunk, n_dim, vec));
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i)
         cek_store_chunk_gradients(dx1, dx2, lane + i * lanes, n_dim, vec, g, rp.a[i], rp.b[i]);
 }
 
 // The streamed path's gradient: the second read of the row (counted in the bytes formula).
+template <bool SCALED = false, typename T>
+__device__ __forceinline__ void cek_stream_row_gradients_pass(const T* __restrict__ x1,
+                                                              const T* __restrict__ x2,
+                                                              T* __restrict__ dx1,
+                                                              T* __restrict__ dx2, int n_dim,
+                                                              bool vec, CekGradient<CekAcc<T>> g) {
+    const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
+    for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
+        cek_store_chunk_gradients<SCALED>(dx1, dx2, chunk, n_dim, vec, g,
+                                          cek_load_chunk(x1, chunk, n_dim, vec),
+                                          cek_load_chunk(x2, chunk, n_dim, vec));
+}
+
 template <typename T>
 __device__ __forceinline__ void cek_stream_row_gradients(const T* __restrict__ x1,
                                                          const T* __restrict__ x2,
                                                          T* __restrict__ dx1, T* __restrict__ dx2,
                                                          int n_dim, bool vec,
                                                          CekGradient<CekAcc<T>> g) {
-    const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
-    for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
-        cek_store_chunk_gradients(dx1, dx2, chunk, n_dim, vec, g,
-                                  cek_load_chunk(x1, chunk, n_dim, vec),
-                                  cek_load_chunk(x2, chunk, n_dim, vec));
+    if (cek_rescaled(g))
+        cek_stream_row_gradients_pass<true>(x1, x2, dx1, dx2, n_dim, vec, g);
+    else
+        cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
 }
 
 // Loss of one row: 1 - c for y == 1, max(0, c - margin) for y == -1, 0 for any other label.
@@ -290,17 +400,28 @@ __device__ __forceinline__ Acc cek_row_coeff(Acc c, Acc y, Acc margin, Acc g) {
     return Acc(0);
 }
 
-// The cosine of this block's row, on the register path (filling rp) or the streamed one.
+// The cosine of this block's row, on the register path (filling rp) or the streamed one. A row
+// that is not ordinary (huge, or with a NaN) is summed again, rescaled: from registers, or with
+// one more read on the streamed path. The branch is uniform: every thread holds the same sums.
 template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_row_cosine(
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
     const T* __restrict__ x2, int n_dim, bool vec) {
+    constexpr bool STREAMED = CekTiling<BLOCK_SIZE, T>::STREAMED;
     CekSums<CekAcc<T>> s;
-    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
+    if constexpr (STREAMED)
         s = cek_stream_row_sums(x1, x2, n_dim, vec);
     else
         s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
-    return cek_cosine(cek_block_sum(s));
+    s = cek_block_sum(s);
+    if (cek_sums_ordinary(s)) return cek_cosine(s);
+    const CekAcc<T> s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
+    if constexpr (STREAMED)
+        s = cek_stream_row_sums<true>(x1, x2, n_dim, vec, s1, s2);
+    else
+        s = cek_row_pair_scaled_sums(rp, s1, s2);
+    __syncthreads();  // every warp has read the first sums' partials
+    return cek_scaled_cosine(cek_block_sum(s), s1, s2);
 }
 
 // Writes this block's row of dx1, dx2 from registers, or re-reads it on the streamed path.
@@ -312,7 +433,7 @@ __device__ __forceinline__ void cek_block_row_gradients(
     if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
         cek_stream_row_gradients(x1, x2, dx1, dx2, n_dim, vec, g);
     else
-        cek_store_row_gradients(rp, dx1, dx2, n_dim, vec, threadIdx.x, blockDim.x, g);
+        cek_store_row_gradients(rp, x1, x2, dx1, dx2, n_dim, vec, threadIdx.x, blockDim.x, g);
 }
 
 // Row groups: GROUP lanes of one warp own a row, blockDim.x / GROUP rows a block (cek_row.cuh's
@@ -328,9 +449,10 @@ struct CekGroupRow {
     CekCosine<CekAcc<T>> k;
 };
 
+// This lane's row of a row group; the caller loads the row's labels with r.row before the row
+// itself (cek_group_row_cosine), so that both are in flight together.
 template <int BLOCK_SIZE, typename T>
-__device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_cosine(
-    const T* __restrict__ x1, const T* __restrict__ x2, int n_rows, int n_dim, bool vec) {
+__device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row(int n_rows, int n_dim) {
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     static_assert(Tiling::GROUPED, "row groups need rows of at most 64 chunks");
     constexpr int GROUP = Tiling::GROUP;
@@ -339,8 +461,27 @@ __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_cosine(
     r.row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
     r.live = r.row < n_rows;
     r.offset = r.live ? static_cast<long long>(r.row) * n_dim : 0;
-    const auto s = cek_load_row_pair(r.rp, x1 + r.offset, x2 + r.offset, r.live ? n_dim : 0, vec,
-                                     r.lane, GROUP);
-    r.k = cek_cosine(cek_group_sum<GROUP>(s));
     return r;
+}
+
+// Loads r's row and finds its cosine, rescaled as cek_block_row_cosine does for a row that is
+// not ordinary. The shuffles take the whole warp, so the second sums run whenever a row of the
+// warp needs them; an ordinary row's scales are 1 and its sums come out the same.
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ void cek_group_row_cosine(CekGroupRow<BLOCK_SIZE, T>& r,
+                                                     const T* __restrict__ x1,
+                                                     const T* __restrict__ x2, int n_dim,
+                                                     bool vec) {
+    using Acc = CekAcc<T>;
+    constexpr int GROUP = CekTiling<BLOCK_SIZE, T>::GROUP;
+    auto s = cek_load_row_pair(r.rp, x1 + r.offset, x2 + r.offset, r.live ? n_dim : 0, vec,
+                               r.lane, GROUP);
+    s = cek_group_sum<GROUP>(s);
+    const bool ordinary = cek_sums_ordinary(s);
+    if (__all_sync(0xffffffffu, ordinary)) {
+        r.k = cek_cosine(s);
+        return;
+    }
+    const Acc s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
+    r.k = cek_scaled_cosine(cek_group_sum<GROUP>(cek_row_pair_scaled_sums(r.rp, s1, s2)), s1, s2);
 }

@@ -37,9 +37,14 @@ __device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
 
+    // y and dy in flight with the row (one load round), except where a thread holds four chunk
+    // pairs of doubles: no registers are left to carry them through the reduction (ptxas spills).
+    constexpr bool EARLY = !(sizeof(T) == 8 && CekTiling<BLOCK_SIZE, T>::CHUNKS >= 4);
+    CekAcc<T> label = EARLY ? y[row] : 0, g = EARLY ? dy[row] : 0;
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
     const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    const CekAcc<T> coeff = cek_row_coeff(k.c, y[row], margin, dy[row]);
+    if (!EARLY) label = y[row], g = dy[row];
+    const CekAcc<T> coeff = cek_row_coeff(k.c, label, margin, g);
     cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
                                            dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
 }
@@ -54,10 +59,13 @@ __device__ void cosine_embedding_loss_backward_rows(const CekAcc<T>* __restrict_
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     if constexpr (Tiling::GROUPED) {
         const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
-        const auto r = cek_group_row_cosine<BLOCK_SIZE, T>(x1, x2, n_rows, n_dim, vec);
+        auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
+        const CekAcc<T> label = r.live ? y[r.row] : 0, g = r.live ? dy[r.row] : 0;
+        cek_group_row_cosine(r, x1, x2, n_dim, vec);
         if (!r.live) return;  // after the last shuffle
-        const CekAcc<T> coeff = cek_row_coeff(r.k.c, y[r.row], margin, dy[r.row]);
-        cek_store_row_gradients(r.rp, dx1 + r.offset, dx2 + r.offset, n_dim, vec, r.lane,
+        const CekAcc<T> coeff = cek_row_coeff(r.k.c, label, margin, g);
+        cek_store_row_gradients(r.rp, x1 + r.offset, x2 + r.offset, dx1 + r.offset,
+                                dx2 + r.offset, n_dim, vec, r.lane,
                                 Tiling::GROUP, cek_gradient(r.k, coeff));
     } else {
         cosine_embedding_loss_backward<BLOCK_SIZE, T>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim,

@@ -30,9 +30,10 @@ __device__ void cosine_embedding_loss_forward(const T* __restrict__ x1,
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, x1, x2);
 
-    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;  // unused once summed: the compiler drops it
+    const CekAcc<T> label = y[row];  // in flight with the row (one load round)
+    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
     const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    if (threadIdx.x == 0) out[row] = cek_row_loss(k.c, y[row], margin);
+    if (threadIdx.x == 0) out[row] = cek_row_loss(k.c, label, margin);
 }
 
 template <int BLOCK_SIZE, typename T = float>
@@ -43,8 +44,10 @@ __device__ void cosine_embedding_loss_forward_rows(const T* __restrict__ x1,
                                                    int n_dim, CekAcc<T> margin) {
     if constexpr (CekTiling<BLOCK_SIZE, T>::GROUPED) {
         const bool vec = cek_vectorizable<T>(n_dim, x1, x2, x1, x2);
-        const auto r = cek_group_row_cosine<BLOCK_SIZE, T>(x1, x2, n_rows, n_dim, vec);
-        if (r.live && r.lane == 0) out[r.row] = cek_row_loss(r.k.c, y[r.row], margin);
+        auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
+        const CekAcc<T> label = r.live ? y[r.row] : 0;
+        cek_group_row_cosine(r, x1, x2, n_dim, vec);
+        if (r.live && r.lane == 0) out[r.row] = cek_row_loss(r.k.c, label, margin);
     } else {
         cosine_embedding_loss_forward<BLOCK_SIZE, T>(x1, x2, y, out, n_rows, n_dim, margin);
     }

@@ -305,3 +305,94 @@ def test_float32_subnormals_flush_to_zero_as_on_a_gpu(emulator):
             np.testing.assert_allclose(outputs["dx1"], exact, rtol=1e-10)
     # Python's own arithmetic keeps its subnormals after a launch.
     assert np.float32(1e-39) * np.float32(1) != 0
+
+
+# -- rows too large for a plain float32 squared norm -----------------------------------------
+
+# The smallest result each dtype's gradient keeps: the GPU flushes float32 results below 2^-126
+# (-ftz, and bf16 is computed in float32); float16 stores steps of 2^-24; float64 keeps its
+# subnormals, exact to 2^-1074.
+KEPT = {"f32": 2.0**-126, "bf16": 2.0**-126, "f16": 2.0**-24, "f64": 2.0**-1074}
+HUGE_WIDTHS = [33, 769]  # row groups, one block per row (the streamed path: f32 below)
+
+
+def _huge_rows(n_dim, dtype):
+    """Eight rows of float64 values for `dtype`: ordinary, zero, at its largest finite value,
+    huge x1 beside an ordinary or a tiny x2, x2 = x1, x2 = -x1, and just past where float32's
+    squared norm overflows. Values are powers of two times make_inputs' rows, so exact."""
+    base = check.make_inputs(8, n_dim, seed=n_dim, dtype="f32")
+    x1, x2 = base["x1"].astype(np.float64), base["x2"].astype(np.float64)
+    top = float(np.finfo(dtypes.get(dtype).array if dtype != "bf16" else np.float32).max)
+    if dtype == "bf16":
+        top = float(dtypes.to_float64(np.array([0x7F7F], np.uint16), "bf16")[0])
+    big = 2.0 ** (np.frexp(top)[1] - 4)  # a power of two a row of ~N(0, 1) values stays under
+
+    def at(row, bound):  # scaled by a power of two to a largest magnitude just under bound
+        return row * 2.0 ** (np.frexp(bound)[1] - np.frexp(np.abs(row).max())[1] - 1)
+
+    x1[1], x2[1] = at(x1[1], big), at(x2[1], big)
+    x1[1, 0], x2[1, 3] = top, -top  # the largest finite value itself
+    x1[2] = at(x1[2], big)
+    x2[3] = at(x2[3], big)
+    x1[4], x2[4] = at(x1[4], big / 16), at(x2[4], 2.0**-20)
+    x1[5] = x2[5] = at(x1[5], big)
+    x1[6] = at(x1[6], big)
+    x2[6] = -x1[6]
+    x1[7], x2[7] = at(x1[7], min(2.0**70, big)), at(x2[7], min(2.0**66, big))  # float32's sq1
+    # overflows from 2^64
+    return x1, x2, base
+
+
+def _reference_on_scaled_copies(x1, x2, y, dy, margin):
+    """The float64 reference where float64 itself would overflow: each row of x1 and x2 scaled
+    by a power of two (t) to a largest magnitude below 1. c and the loss do not change; dx1 of
+    the scaled row is dx1 / t1 (dx1 = coeff*(x2*r2 - c*x1*r1)*r1, x*r unchanged, r1 = t1*r1')."""
+    def scales(x):
+        top = np.abs(x).max(1)
+        return np.where(top > 1, 2.0 ** -np.frexp(top)[1].astype(np.float64), 1.0)[:, None]
+
+    t1, t2 = scales(x1), scales(x2)
+    a, b = x1 * t1, x2 * t2
+    loss = reference.forward(a, b, y, margin)
+    dx1, dx2 = reference.backward(dy, a, b, y, margin)
+    m1, m2 = reference.gradient_magnitudes(dy, a, b, y, margin)
+    return loss, dx1 * t1, dx2 * t2, m1 * t1, m2 * t2
+
+
+def _huge_cases():
+    cases = [(cls, d, dtype) for dtype in ["f32"] + OTHER_DTYPES
+             for cls, d in _cases(HUGE_WIDTHS, dtype) if d != 768]
+    return cases + [(kernel_classes()[n], 16385, "f32") for n in ("forward", "fused")]
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("cls, n_dim, dtype", _huge_cases(), ids=_id)
+def test_rows_up_to_the_largest_finite_values_give_the_formulas_results(emulator, cls, n_dim,
+                                                                         dtype):
+    kernel = cls.for_n_dim(n_dim, dtype)
+    x1, x2, base = _huge_rows(n_dim, dtype)
+    acc = dtypes.get(dtype).acc
+    inputs = {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype),
+              "y": np.array([1, -1] * 4, acc), "dy": base["dy"].astype(acc), "scale": 0.5,
+              "dtype": dtype}
+    x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
+    assert np.isfinite(x1).all() and np.isfinite(x2).all()
+    args, outputs = check.build_args(kernel, inputs, -0.5)
+    emulator["random:1"](kernel, args)
+    dy = inputs["dy"] * (inputs["scale"] if kernel.kind == "fused" else 1.0)
+    loss, dx1, dx2, m1, m2 = _reference_on_scaled_copies(x1, x2, inputs["y"], dy, -0.5)
+    if kernel.kind == "forward":
+        got_loss = outputs["out"]
+    else:
+        got_loss = outputs.get("loss")
+        rtol, atol = check.TOLERANCES[dtype, "grad"]
+        for name, want, size in (("dx1", dx1, m1), ("dx2", dx2, m2)):
+            got = dtypes.to_float64(outputs[name], dtype)
+            bad = ~(np.abs(got - want) <= atol * size + rtol * np.abs(want) + KEPT[dtype])
+            # float16: a gradient past its range is rightly infinite (as check.compare judges)
+            bad &= ~((np.abs(want) >= dtypes.overflow_threshold(dtype))
+                     & (got == np.copysign(np.inf, want)))
+            assert not bad.any(), (name, np.argwhere(bad)[:3].tolist(), got[bad][:3], want[bad][:3])
+    if got_loss is not None:
+        rtol, atol = check.TOLERANCES[dtype, "loss"]
+        np.testing.assert_allclose(got_loss, loss, rtol=rtol, atol=atol)

@@ -56,9 +56,12 @@ def test_forward_and_fused_names_and_ids():
 def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
     k = cls(256)
     params = ", ".join(f"{k.c_type(a)} {a.name}" for a in cls.args)
-    assert f'extern "C" __global__ void __launch_bounds__({k.max_threads}) ' \
+    assert f'extern "C" __global__ void __launch_bounds__({k.max_threads}, {k.min_blocks}) ' \
            f'{k.entry_point_name()}({params})' in k.entry_point_source
-    assert k.max_threads == (256 if cls in ROW_GROUPS else 1024)  # row groups: 256 threads
+    # row groups: 256 threads; one block per row: a 256-float row takes 64 threads
+    assert k.max_threads == (256 if cls in ROW_GROUPS else 64)
+    # 1536 threads (3/4 of an SM); a 256-float row group holds two chunk pairs a lane: no minimum
+    assert k.min_blocks == (1 if cls in ROW_GROUPS else 24)
     call = f"{cls.name}<256>({', '.join(a.name for a in cls.args)});"
     assert call in k.entry_point_source
 

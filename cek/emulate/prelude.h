@@ -10,7 +10,7 @@
 //   Shared       static __shared__ (filled with 0xff bytes, a NaN for floats, before each block),
 //                extern __shared__ T name[] (one buffer of the launch's shared_mem bytes).
 //   Sync         __syncthreads(); __shfl_sync __shfl_xor_sync __shfl_down_sync __shfl_up_sync
-//                (width defaults to 32), for values of at most 8 bytes.
+//                (width defaults to 32), for values of at most 8 bytes; __all_sync.
 //   Vectors      float2 float3 float4 int4 with make_*; CUDA alignment (float4 and int4: 16 bytes);
 //                reinterpret_cast vector loads and stores; __ldg of any of them or a scalar.
 //   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
@@ -118,6 +118,16 @@ template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
                   const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     return cek_shuffle_as(CEK_SHFL_XOR, mask, var, lane_mask, width, file, line);
+}
+
+// A warp vote, built from xor shuffles: every lane of the mask must call it, as on the GPU.
+__device__ __forceinline__ int __all_sync(unsigned mask, int predicate,
+                                          const char* file = __builtin_FILE(),
+                                          int line = __builtin_LINE()) {
+    unsigned long long all = predicate != 0;
+    for (int offset = 16; offset > 0; offset >>= 1)
+        all &= cek_shuffle(CEK_SHFL_XOR, mask, all, offset, 32, file, line);
+    return static_cast<int>(all);
 }
 
 // __ldg checks alignment itself: -fsanitize=alignment would name this header, not the caller.
