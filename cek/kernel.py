@@ -140,7 +140,10 @@ class Kernel:
 
     def _tiling_asserts(self) -> str:
         """static_asserts that the tiling this class launches with is CekTiling's (cek_row.cuh):
-        NVRTC and the emulator's g++ both refuse a kernel whose two mirrors disagree."""
+        NVRTC and the emulator's g++ both refuse a kernel whose two mirrors disagree. None for
+        a kernel not built on cek_row.cuh."""
+        if "struct CekTiling" not in self.kernel_source:
+            return ""
         tiling = f"CekTiling<{self.block_size}, {dtypes.get(self.dtype).c_type}>"
         facts = {"VEC": self.vec, "ROW_CHUNKS": self.row_chunks,
                  "STREAMED": str(self.streamed).lower(), "CHUNKS": self.chunks_per_thread,

@@ -58,7 +58,10 @@ struct CekTiling {
 // 16 bytes of a row: VEC elements, moved as one 128-bit access when aligned.
 template <typename T>
 struct alignas(16) CekChunk {
-    T v[CekVec<T>::N];
+    union {
+        T v[CekVec<T>::N];
+        unsigned w[4];  // the same bytes as 32-bit words: 16-bit types convert two at a time
+    };
 };
 
 // Squared norms and dot product, in the accumulation type.
@@ -156,15 +159,32 @@ __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
     return cek_group_sum<CEK_WARP>(total);
 }
 
+// A chunk widened to the accumulation type; bfloat16 two at a time (CekType::to_acc2).
+template <typename T>
+__device__ __forceinline__ void cek_chunk_to_acc(const CekChunk<T>& c,
+                                                 CekAcc<T> (&f)[CekVec<T>::N]) {
+    constexpr int VEC = CekVec<T>::N;
+    if constexpr (CekIsBf16<T>::value) {
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) CekType<T>::to_acc2(c.w[i], f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) f[i] = CekType<T>::to_acc(c.v[i]);
+    }
+}
+
 // Adds a chunk pair to the sums, each value first multiplied by its scale (1, or a power of two
 // for a rescaled row: exact unless it underflows, where it adds nothing the sums could show).
 template <bool SCALED = false, typename T>
 __device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekChunk<T>& a,
                                                const CekChunk<T>& b, CekAcc<T> s1 = 1,
                                                CekAcc<T> s2 = 1) {
+    CekAcc<T> xs[CekVec<T>::N], zs[CekVec<T>::N];
+    cek_chunk_to_acc(a, xs);
+    cek_chunk_to_acc(b, zs);
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
-        CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        CekAcc<T> x = xs[i], z = zs[i];
         if (SCALED) x *= s1, z *= s2;
         s.sq1 += x * x;
         s.sq2 += z * z;
@@ -308,6 +328,23 @@ __device__ __forceinline__ bool cek_rescaled(const CekGradient<Acc>& g) {
     return g.s1 != Acc(1) || g.s2 != Acc(1);
 }
 
+// A chunk of values in the accumulation type rounded to T: 16-bit types two at a time.
+template <typename T>
+__device__ __forceinline__ CekChunk<T> cek_chunk_from_acc(const CekAcc<T> (&f)[CekVec<T>::N]) {
+    constexpr int VEC = CekVec<T>::N;
+    if constexpr (sizeof(T) == 2) {
+        CekChunk<T> c;
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) c.w[i] = CekType<T>::from_acc2(f[2 * i], f[2 * i + 1]);
+        return c;
+    } else {
+        CekChunk<T> c;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) c.v[i] = CekType<T>::from_acc(f[i]);
+        return c;
+    }
+}
+
 template <bool SCALED = false, typename T>
 __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
                                                           T* __restrict__ dx2, int chunk,
@@ -315,21 +352,23 @@ __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
                                                           CekGradient<CekAcc<T>> g,
                                                           const CekChunk<T>& a,
                                                           const CekChunk<T>& b) {
-    CekChunk<T> d1, d2;
+    CekAcc<T> d1[CekVec<T>::N], d2[CekVec<T>::N], xs[CekVec<T>::N], zs[CekVec<T>::N];
+    cek_chunk_to_acc(a, xs);
+    cek_chunk_to_acc(b, zs);
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
-        CekAcc<T> x = CekType<T>::to_acc(a.v[i]), z = CekType<T>::to_acc(b.v[i]);
+        CekAcc<T> x = xs[i], z = zs[i];
         if (SCALED) {
             x *= g.s1, z *= g.s2;
-            d1.v[i] = CekType<T>::from_acc(g.s1 * (g.p * z - g.q1 * x));
-            d2.v[i] = CekType<T>::from_acc(g.s2 * (g.p * x - g.q2 * z));
+            d1[i] = g.s1 * (g.p * z - g.q1 * x);
+            d2[i] = g.s2 * (g.p * x - g.q2 * z);
         } else {
-            d1.v[i] = CekType<T>::from_acc(g.p * z - g.q1 * x);
-            d2.v[i] = CekType<T>::from_acc(g.p * x - g.q2 * z);
+            d1[i] = g.p * z - g.q1 * x;
+            d2[i] = g.p * x - g.q2 * z;
         }
     }
-    cek_store_chunk(dx1, chunk, n_dim, vec, d1);
-    cek_store_chunk(dx2, chunk, n_dim, vec, d2);
+    cek_store_chunk(dx1, chunk, n_dim, vec, cek_chunk_from_acc<T>(d1));
+    cek_store_chunk(dx2, chunk, n_dim, vec, cek_chunk_from_acc<T>(d2));
 }
 
 // Writes this lane's chunks of the gradient from registers. A rescaled row reads x1 and x2

@@ -216,3 +216,30 @@ def test_occupancy_follows_nvidias_rules():
     assert occupancy(32, 1024, 0) == 1.0
     assert occupancy(42, 1024, 0) == 0.5  # 48 allocated: one 1024-thread block
     assert occupancy(40, 128, 384) == 0.75  # 12 blocks of 4 warps
+
+
+INTEGER_ALU = re.compile(r"(IADD3|IMAD|LOP3|SHF|PRMT|ISETP|SEL|LEA|IABS|IMNMX|VIMNMX|BMSK|POPC|"
+                         r"FLO|SHL|SHR)\b")
+
+
+def _counts(name, dtype, n_dim):
+    ops = sass(aligned_path(kernel_classes()[name].for_n_dim(n_dim, dtype)))
+    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", op).split(" ")[0] for op in ops]
+    return len(ops), sum(bool(INTEGER_ALU.match(op)) for op in opcodes)
+
+
+@pytest.mark.parametrize("dtype, packed", [("bf16", "cvt.rn.bf16x2.f32"),
+                                           ("f16", "cvt.rn.f16x2.f32")])
+@pytest.mark.parametrize("name", ["fused", "backward", "backward-rows"])
+def test_16_bit_gradients_round_two_values_an_instruction(name, dtype, packed):
+    assert packed in kernel_classes()[name].for_n_dim(128, dtype).compile("sm_80").ptx
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_16_bit_fused_kernel_costs_about_what_float_does(dtype):
+    # A 16-bit thread holds twice the elements of a float thread in its 16-byte chunks; the
+    # conversions must not make that cost more than 1.5x the instructions, 2x the integer ones.
+    total, integer = _counts("fused", dtype, 768)
+    total_f32, integer_f32 = _counts("fused", "f32", 768)
+    assert total <= 1.5 * total_f32 and integer <= 2 * integer_f32, (
+        total, total_f32, integer, integer_f32)

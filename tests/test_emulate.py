@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cek
+from cek import dtypes
 from cek.compile import CompileError
 from cek.kernel import Arg, Kernel
 
@@ -237,3 +238,74 @@ def test_dynamic_shared_memory_past_shared_mem_is_out_of_bounds():
     with pytest.raises(KernelError, match="use-after-poison") as caught:
         run_planted("dynamic_shared", n_dim=100, shared_mem=200, sanitize="address")
     assert_located(caught.value, "dynamic_shared", {7})
+
+
+# -- the 16-bit conversions' C++ fallback, bit for bit against NumPy -------------------------
+
+class ConvertProbe(Kernel):
+    """Rounds float pairs with CekType<T>::from_acc2 and widens T bits with to_acc."""
+
+    name = "cek_convert_probe"
+    args = (Arg("f", "float*", ("n",)), Arg("packed", "float*", ("n_half",), output=True),
+            Arg("bits", "T*", ("n",)), Arg("widened", "float*", ("n",), output=True),
+            Arg("n", "int"), Arg("n_half", "int"))
+
+    @property
+    def kernel_source(self) -> str:
+        from cek.sources import load_kernel_source
+
+        return load_kernel_source("cek_types.cuh") + """
+template <int BLOCK_SIZE, typename T>
+__device__ void cek_convert_probe(const float* f, float* packed, const T* bits, float* widened,
+                                  int n, int n_half) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_half) packed[i] = cek_float_from_bits(CekType<T>::from_acc2(f[2 * i], f[2 * i + 1]));
+    if (i < n) widened[i] = CekType<T>::to_acc(bits[i]);
+}
+"""
+
+
+def _float_sweep():
+    """Every float16 value, the midpoints between neighbours (ties, both parities) and their
+    next floats, bfloat16's alike over its normal range, random bit patterns and specials."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    halves = halves[np.isfinite(halves)]
+    halves.sort()
+    mids = ((halves[:-1].astype(np.float64) + halves[1:]) / 2).astype(np.float32)
+    b16 = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    b16 = b16[np.isfinite(b16)]
+    b16_mids = (b16.view(np.uint32) | 0x8000).view(np.float32)  # exactly halfway below the next
+    rng = np.random.default_rng(0)
+    random = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.996, 65520, 3.4e38,
+                         1e-45, -1e-40, 2.0**-25, 2.0**-24 * 1.5], np.float32)
+    out = np.concatenate([halves, mids, np.nextafter(mids, np.float32(np.inf)), b16, b16_mids,
+                          np.nextafter(b16_mids, np.float32(0)), random, specials])
+    return out if out.size % 2 == 0 else np.append(out, np.float32(1))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_16_bit_conversions_round_as_numpy_does(dtype):
+    f = _float_sweep()
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    bits = np.resize(bits, f.size)  # every pattern at least once
+    typed = bits.view(np.float16) if dtype == "f16" else bits
+    packed = np.full(f.size // 2, np.nan, np.float32)
+    widened = np.full(f.size, np.nan, np.float32)
+    kernel = ConvertProbe(256, dtype)
+    emulate.load(kernel)((-(-f.size // 256),), (256,),
+                         (f, packed, typed, widened, f.size, f.size // 2))
+    got = packed.view(np.uint32)
+    got = np.stack([got & 0xFFFF, got >> 16], axis=1).reshape(-1).astype(np.uint16)
+    with np.errstate(over="ignore"):  # past float16: inf, as the kernels round
+        want16 = f.astype(np.float16).view(np.uint16)
+    want = (want16 if dtype == "f16"
+            else dtypes.from_float(f, "bf16"))
+    nan = np.isnan(f)
+    assert np.array_equal(got[~nan], want[~nan]), np.argwhere(got[~nan] != want[~nan])[:3]
+    assert np.isnan(dtypes.to_float64(got[nan].view(np.float16) if dtype == "f16"
+                                      else got[nan], dtype)).all()
+    want_wide = dtypes.widen(typed, dtype).astype(np.float32)
+    same = (widened.view(np.uint32) == want_wide.view(np.uint32)) | (
+        np.isnan(widened) & np.isnan(want_wide))
+    assert same.all(), np.argwhere(~same)[:3]
