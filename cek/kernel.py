@@ -24,7 +24,7 @@ WARP = 32
 MAX_THREADS = 1024
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 GROUPED_THREADS = 256
-OCCUPANCY_THREADS = 1536  # resident threads per SM the register budget aims for: 75% of 2048
+SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
 MAX_BLOCKS_PER_SM = 32
 
 
@@ -238,16 +238,17 @@ class Kernel:
     @property
     def min_blocks(self) -> int:
         """Blocks per SM the entry point asks ptxas to fit, by limiting its registers: enough
-        for 3/4 of the 2048 threads an sm_80 or sm_90 SM holds (at most its 32 blocks; 2 of
-        1024 threads, 32 registers, as 1.5 blocks cannot be resident). Only where ptxas fits
-        that budget without spilling, as measured on sm_80 and sm_90: a thread holding one chunk
-        pair of float or a 16-bit type (not doubles: two registers a value), and at 1024 threads
-        float only (the 16-bit conversions need more than 32 registers there)."""
+        for all 2048 threads an sm_80 or sm_90 SM holds (32 registers a thread), or for 3/4 of
+        them (40) in the 16-bit gradient kernels, whose conversions spill at 32; at most the
+        SM's 32 blocks. Only where ptxas fits that budget without spilling, as measured on sm_80
+        and sm_90: a thread holding one chunk pair of float or a 16-bit type (not doubles: two
+        registers a value), and at 1024 threads float only (2 blocks: 32 registers)."""
         itemsize = dtypes.get(self.dtype).array.itemsize
         if (self.streamed or self.chunks_held > 1 or itemsize == 8
                 or (itemsize == 2 and self.max_threads >= MAX_THREADS)):
             return 1
-        return min(MAX_BLOCKS_PER_SM, max(1, math.ceil(OCCUPANCY_THREADS / self.max_threads)))
+        resident = SM_THREADS * 3 // 4 if itemsize == 2 and self.kind != "forward" else SM_THREADS
+        return min(MAX_BLOCKS_PER_SM, max(1, math.ceil(resident / self.max_threads)))
 
     @property
     def chunks_per_thread(self) -> int:

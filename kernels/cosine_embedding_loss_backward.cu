@@ -16,6 +16,8 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus dy and
 // y: 4*S*N*D + 2*A*N (16*N*D + 8*N in float). A streamed row is read twice: 6*S*N*D + 2*A*N.
+// These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
+// double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 //
 // cosine_embedding_loss_backward_rows: the same arguments and results, with the fused kernel's
 // launch contract: rows of up to 64 chunks (float: n_dim <= 256) in row groups, 256 threads a

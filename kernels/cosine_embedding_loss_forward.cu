@@ -12,6 +12,8 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 once, read y and write out:
 // 2*S*N*D + 2*A*N (8*N*D + 8*N in float).
+// These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
+// double) is summed again rescaled, a streamed one with one more read (cek_row.cuh, "Huge rows").
 //
 // cosine_embedding_loss_forward_rows: the same arguments and results, with the fused kernel's
 // launch contract: rows of up to 64 chunks (float: n_dim <= 256) in row groups, 256 threads a

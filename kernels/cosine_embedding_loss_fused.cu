@@ -20,6 +20,8 @@
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, read y,
 // write loss, read dy when given: 4*S*N*D + 2*A*N (+ A*N with dy); 16*N*D + 8*N in float. A
 // streamed row is read twice: 6*S*N*D + 2*A*N.
+// These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
+// double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 #include "cek_row.cuh"
 
 // A row's label and upstream gradient (scale, times dy[row] when dy is given), loaded before
