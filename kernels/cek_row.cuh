@@ -263,16 +263,32 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_row_pair_scaled_sums(
 }
 
 // The streamed path's partial sums, the values scaled by s1 and s2 where SCALED: the block loops
-// over the row.
+// over the row, each thread with four chunk pairs in flight (all four issued, then summed), as
+// one pair a trip would leave it waiting on memory for every 32 bytes.
+constexpr int CEK_STREAM_UNROLL = 4;
+
 template <bool SCALED = false, typename T>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_stream_row_sums(const T* __restrict__ x1,
                                                                    const T* __restrict__ x2,
                                                                    int n_dim, bool vec,
                                                                    CekAcc<T> s1 = 1,
                                                                    CekAcc<T> s2 = 1) {
+    constexpr int U = CEK_STREAM_UNROLL;
     CekSums<CekAcc<T>> s = {0, 0, 0};
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
-    for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
+    const int stride = blockDim.x;
+    int chunk = threadIdx.x;
+    for (; chunk + (U - 1) * stride < n_chunks; chunk += U * stride) {
+        CekChunk<T> a[U], b[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            a[u] = cek_load_chunk(x1, chunk + u * stride, n_dim, vec);
+            b[u] = cek_load_chunk(x2, chunk + u * stride, n_dim, vec);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) cek_accumulate<SCALED>(s, a[u], b[u], s1, s2);
+    }
+    for (; chunk < n_chunks; chunk += stride)
         cek_accumulate<SCALED>(s, cek_load_chunk(x1, chunk, n_dim, vec),
                                cek_load_chunk(x2, chunk, n_dim, vec), s1, s2);
     return s;
@@ -403,8 +419,12 @@ __device__ __forceinline__ void cek_stream_row_gradients_pass(const T* __restric
                                                               T* __restrict__ dx1,
                                                               T* __restrict__ dx2, int n_dim,
                                                               bool vec, CekGradient<CekAcc<T>> g) {
+    // Backwards from this thread's last chunk: the end of the row, read last by the sums, is
+    // the part most likely still in L2.
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
-    for (int chunk = threadIdx.x; chunk < n_chunks; chunk += blockDim.x)
+    const int first = threadIdx.x, stride = blockDim.x;
+    const int last = first < n_chunks ? first + (n_chunks - 1 - first) / stride * stride : -1;
+    for (int chunk = last; chunk >= first; chunk -= stride)
         cek_store_chunk_gradients<SCALED>(dx1, dx2, chunk, n_dim, vec, g,
                                           cek_load_chunk(x1, chunk, n_dim, vec),
                                           cek_load_chunk(x2, chunk, n_dim, vec));

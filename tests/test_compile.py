@@ -245,3 +245,11 @@ def test_16_bit_fused_kernel_costs_about_what_float_does(dtype):
     total_f32, integer_f32 = _counts("fused", "f32", 768)
     assert total <= 1.5 * total_f32 and integer <= 2 * integer_f32, (
         total, total_f32, integer, integer_f32)
+
+
+@pytest.mark.parametrize("name", ["forward", "backward", "fused"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_streamed_path_keeps_four_chunk_pairs_in_flight(name, dtype):
+    ops = sass(aligned_path(kernel_classes()[name].for_n_dim(1 << 20, dtype)))
+    first_math = next(i for i, op in enumerate(ops) if re.match(r"(@!?P\d\s+)?(FFMA|FMUL)", op))
+    assert sum("LDG.E.128" in op for op in ops[:first_math]) >= 2 * 4

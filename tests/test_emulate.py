@@ -246,6 +246,7 @@ class ConvertProbe(Kernel):
     """Rounds float pairs with CekType<T>::from_acc2 and widens T bits with to_acc."""
 
     name = "cek_convert_probe"
+    kind = "probe"
     args = (Arg("f", "float*", ("n",)), Arg("packed", "float*", ("n_half",), output=True),
             Arg("bits", "T*", ("n",)), Arg("widened", "float*", ("n",), output=True),
             Arg("n", "int"), Arg("n_half", "int"))
