@@ -195,13 +195,13 @@ __device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekC
 // Huge rows. A squared norm of float32 overflows from |x| ~ 1e19 on, and long before that the
 // gradient factor coeff*r1*r2 falls below the smallest normal float, which the GPU flushes to 0.
 // A row whose sq1 or sq2 reaches CekLimits::BIG (the square root of the largest finite value) is
-// summed again, from registers, with that side scaled by a power of two: MID where its squared
-// norm was finite (then in [1, BIG)), FAR where it overflowed (then at least 2^-32, and the
-// elements this flushes add less than 2^-74 of it). c is unchanged, EPS is negligible beside
-// such a norm, and the gradient is formed from the scaled values and scaled back
-// (cek_store_chunk_gradients); where its factors p or q1 underflow even so, so does the exact
-// gradient. Ordinary rows pay one uniform compare; a NaN or inf in a row takes the same branch
-// and keeps its NaN.
+// summed again (from registers; a streamed row is read again) with that side scaled by a power
+// of two: MID where its squared norm was finite (then in [1, BIG)), FAR where it overflowed
+// (then at least 2^-32, and the elements this flushes add less than 2^-74 of it). c is
+// unchanged and EPS is scaled alike (cek_scaled_cosine); the gradient is formed from scaled
+// values read again and scaled back (cek_store_row_gradients); where its factors p or q1
+// underflow even so, so does the exact gradient. Ordinary rows pay one uniform compare; a NaN
+// or inf in a row takes the same branch and keeps its NaN.
 template <typename Acc>
 struct CekLimits;
 template <>
