@@ -1,0 +1,186 @@
+"""Facts read from a cubin's SASS, disassembled by NVIDIA's nvdisasm (the optional
+`nvidia-cuda-nvdisasm` wheel, extra `sass`).
+
+The walk is static: each instruction once, in program order, loops not unrolled. The kernels'
+misaligned fallback (a block of several narrow loads standing in for one 128-bit load) is left
+out, so the counts describe the aligned path that real tensors take.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+class NvdisasmMissing(RuntimeError):
+    """nvdisasm is not installed."""
+
+
+MISSING = ("nvdisasm not found: the SASS facts need NVIDIA's disassembler; "
+           'pip install "cek[sass]" (the nvidia-cuda-nvdisasm wheel) or put nvdisasm on PATH')
+
+
+def find_nvdisasm() -> str | None:
+    """The wheel's binary (nvidia/cu13/bin), else nvdisasm on PATH."""
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            path = Path(root, "cu13", "bin", "nvdisasm")
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
+    except ImportError:
+        pass
+    return shutil.which("nvdisasm")
+
+
+def disassemble(cubin: bytes) -> str:
+    tool = find_nvdisasm()
+    if tool is None:
+        raise NvdisasmMissing(MISSING)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True,
+                              text=True).stdout
+
+
+_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_REG = re.compile(r"\bR(\d+)(?:\.64)?\b")
+# Integer and logic ALU opcodes (the pipe that computes addresses and unpacks bf16).
+_INT_ALU = ("IADD", "IMAD", "ISETP", "IMNMX", "IABS", "LOP", "SHF", "LEA", "PRMT", "SEL",
+            "POPC", "FLO", "BREV", "BMSK", "SGXT", "VIADD", "VIMNMX")
+
+
+@dataclass
+class Instruction:
+    opcode: str
+    dest: list[int]   # registers written (for a load: the registers it fills)
+    srcs: list[int]   # registers read
+    label_before: bool = False
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+
+def load_width(opcode: str) -> int:
+    """Bits moved by one LDG/STG."""
+    parts = opcode.split(".")
+    for bits in ("128", "64", "U16", "S16", "U8", "S8"):
+        if bits in parts:
+            return {"U16": 16, "S16": 16, "U8": 8, "S8": 8}.get(bits, int(bits) if bits.isdigit() else 0)
+    return 32
+
+
+def _regs(operand: str, width: int = 32) -> list[int]:
+    regs = []
+    for m in _REG.finditer(operand):
+        n = int(m.group(1))
+        count = 2 if m.group(0).endswith(".64") else max(1, width // 32)
+        regs += range(n, n + count)
+    return regs
+
+
+def parse(sass: str) -> list[list[Instruction]]:
+    """Instructions grouped in blocks: a new block at each label and after each branch."""
+    blocks: list[list[Instruction]] = [[]]
+    for line in sass.splitlines():
+        if re.match(r"^\.L\w*:", line.strip()):
+            if blocks[-1]:
+                blocks.append([])
+            continue
+        m = _LINE.search(line)
+        if not m:
+            continue
+        opcode, ops = m.group(1), [o.strip() for o in m.group(2).split(",") if o.strip()]
+        if opcode.startswith("NOP"):
+            continue
+        base = opcode.split(".")[0]
+        if base in ("STG", "STL", "STS", "BRA", "EXIT", "BAR", "RED", "ST"):
+            dest, srcs = [], [r for o in ops for r in _regs(o)]
+        elif base in ("LDG", "LDL", "LDS", "LD"):
+            dest = _regs(ops[0], load_width(opcode)) if ops else []
+            srcs = [r for o in ops[1:] for r in _regs(o)]
+        else:
+            dest = _regs(ops[0]) if ops else []
+            srcs = [r for o in ops[1:] for r in _regs(o)]
+        blocks[-1].append(Instruction(opcode, dest, srcs))
+        if base in ("BRA", "EXIT"):
+            blocks.append([])
+    return [b for b in blocks if b]
+
+
+def _is_fallback(block: list[Instruction], has_wide: bool) -> bool:
+    """A misaligned fallback: two or more narrow global loads or stores, none of 128 bits."""
+    widths = [load_width(i.opcode) for i in block if i.base in ("LDG", "STG")]
+    return has_wide and len(widths) >= 2 and max(widths) < 128
+
+
+@dataclass
+class SassFacts:
+    instructions: int = 0              # on the aligned path, each once
+    int_alu: int = 0
+    loads: dict = field(default_factory=dict)   # global loads by width in bits
+    stores: dict = field(default_factory=dict)  # global stores by width in bits
+    load_bytes: int = 0
+    store_bytes: int = 0
+    shuffles: int = 0
+    barriers: int = 0
+    local_loads: int = 0    # LDL (spills or local arrays)
+    local_stores: int = 0   # STL
+    load_rounds: int = 0    # times a thread waits on a global load before issuing the next
+    first_round_bytes: int = 0  # global-load bytes one thread has in flight before its first wait
+
+    def as_dict(self) -> dict:
+        row = asdict(self)
+        row["loads"] = {str(k): v for k, v in sorted(self.loads.items())}
+        row["stores"] = {str(k): v for k, v in sorted(self.stores.items())}
+        return row
+
+
+def facts(sass: str) -> SassFacts:
+    """Count the facts of the first kernel function in `sass` (nvdisasm -c output)."""
+    blocks = parse(sass)
+    has_wide = any(load_width(i.opcode) == 128 for b in blocks for i in b
+                   if i.base in ("LDG", "STG"))
+    out = SassFacts()
+    pending: set[int] = set()
+    waited = True  # the first load opens round 1
+    for block in blocks:
+        if _is_fallback(block, has_wide):
+            continue
+        for ins in block:
+            out.instructions += 1
+            if ins.base.startswith(_INT_ALU) or ins.base in _INT_ALU:
+                out.int_alu += 1
+            out.shuffles += ins.base == "SHFL"
+            out.barriers += ins.base == "BAR"
+            out.local_loads += ins.base == "LDL"
+            out.local_stores += ins.base == "STL"
+            # A read of a register a global load is still filling is a wait; after it every
+            # load issued so far is taken as arrived (they were in flight together).
+            if pending & set(ins.srcs):
+                pending.clear()
+                waited = True
+            if ins.base == "LDG":
+                bits = load_width(ins.opcode)
+                out.loads[bits] = out.loads.get(bits, 0) + 1
+                out.load_bytes += bits // 8
+                if waited:
+                    out.load_rounds += 1
+                    waited = False
+                if out.load_rounds == 1:
+                    out.first_round_bytes += bits // 8
+                pending.update(ins.dest)
+            elif ins.base == "STG":
+                bits = load_width(ins.opcode)
+                out.stores[bits] = out.stores.get(bits, 0) + 1
+                out.store_bytes += bits // 8
+            elif ins.dest:
+                pending.difference_update(ins.dest)
+    return out
