@@ -61,7 +61,7 @@ class Instruction:
     opcode: str
     dest: list[int]   # registers written (for a load: the registers it fills)
     srcs: list[int]   # registers read
-    label_before: bool = False
+    address: str = ""  # a global access's base register, e.g. "R10" in [R10.64+0x8]
 
     @property
     def base(self) -> str:
@@ -109,16 +109,22 @@ def parse(sass: str) -> list[list[Instruction]]:
         else:
             dest = _regs(ops[0]) if ops else []
             srcs = [r for o in ops[1:] for r in _regs(o)]
-        blocks[-1].append(Instruction(opcode, dest, srcs))
+        address = re.search(r"\]\[(R\d+)\.64", m.group(2))
+        blocks[-1].append(Instruction(opcode, dest, srcs, address.group(1) if address else ""))
         if base in ("BRA", "EXIT"):
             blocks.append([])
     return [b for b in blocks if b]
 
 
 def _is_fallback(block: list[Instruction], has_wide: bool) -> bool:
-    """A misaligned fallback: two or more narrow global loads or stores, none of 128 bits."""
-    widths = [load_width(i.opcode) for i in block if i.base in ("LDG", "STG")]
-    return has_wide and len(widths) >= 2 and max(widths) < 128
+    """A misaligned fallback: a chunk moved element by element, i.e. two or more narrow global
+    accesses off one base register (y[row] and dy[row] side by side have two bases), and no
+    128-bit access in the block."""
+    access = [i for i in block if i.base in ("LDG", "STG")]
+    if not has_wide or any(load_width(i.opcode) == 128 for i in access):
+        return False
+    bases = [i.address for i in access]
+    return any(bases.count(b) >= 2 for b in set(bases))
 
 
 @dataclass
