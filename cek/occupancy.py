@@ -74,6 +74,10 @@ def occupancy(arch: str, threads: int, registers: int, shared_bytes: int = 0) ->
     per_warp = _round_up(max(registers, 1) * WARP, sm.register_unit)
     warps_per_part = (sm.registers // sm.sub_partitions) // per_warp
     by_limit["registers"] = (warps_per_part * sm.sub_partitions) // warps
+    # cuda_occupancy.h's hardware check: a block's registers, its warps rounded up to the four
+    # sub-partitions, must fit one SM's file (regsPerBlock, 64K on 8.0 and 9.0), else no launch.
+    if per_warp * _round_up(warps, sm.sub_partitions) > sm.registers:
+        by_limit["registers"] = 0
     per_block = _round_up(shared_bytes, sm.shared_unit) + sm.shared_reserved
     by_limit["shared"] = sm.shared_bytes // per_block
     blocks = min(by_limit.values())

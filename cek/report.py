@@ -48,6 +48,8 @@ def little_bytes_per_sm(gpu: Gpu) -> int:
 
 def waves(grid_blocks: int, blocks_per_sm: int, sms: int) -> tuple[float, float]:
     """(waves, last-wave efficiency): the share of the GPU's block slots the last wave fills."""
+    if blocks_per_sm == 0:
+        raise ValueError("no block of this kernel fits on an SM: it cannot launch")
     per_wave = blocks_per_sm * sms
     count = grid_blocks / per_wave
     rest = grid_blocks % per_wave

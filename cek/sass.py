@@ -61,7 +61,7 @@ class Instruction:
     opcode: str
     dest: list[int]   # registers written (for a load: the registers it fills)
     srcs: list[int]   # registers read
-    address: str = ""  # a global access's base register, e.g. "R10" in [R10.64+0x8]
+    address: tuple = ()  # a global access's (base register, offset): [R10.64+0x8] -> (10, 8)
 
     @property
     def base(self) -> str:
@@ -109,8 +109,9 @@ def parse(sass: str) -> list[list[Instruction]]:
         else:
             dest = _regs(ops[0]) if ops else []
             srcs = [r for o in ops[1:] for r in _regs(o)]
-        address = re.search(r"\]\[(R\d+)\.64", m.group(2))
-        blocks[-1].append(Instruction(opcode, dest, srcs, address.group(1) if address else ""))
+        at = re.search(r"\]\[R(\d+)\.64(?:\+0x([0-9a-f]+))?\]", m.group(2))
+        address = (int(at.group(1)), int(at.group(2) or "0", 16)) if at else ()
+        blocks[-1].append(Instruction(opcode, dest, srcs, address))
         if base in ("BRA", "EXIT"):
             blocks.append([])
     return [b for b in blocks if b]
@@ -118,13 +119,15 @@ def parse(sass: str) -> list[list[Instruction]]:
 
 def _is_fallback(block: list[Instruction], has_wide: bool) -> bool:
     """A misaligned fallback: a chunk moved element by element, i.e. two or more narrow global
-    accesses off one base register (y[row] and dy[row] side by side have two bases), and no
-    128-bit access in the block."""
-    access = [i for i in block if i.base in ("LDG", "STG")]
+    accesses at different offsets from one base register, and no 128-bit access in the block.
+    (y[row] and dy[row] side by side are two narrow loads too, but each at offset 0.)"""
+    access = [i for i in block if i.base in ("LDG", "STG") and i.address]
     if not has_wide or any(load_width(i.opcode) == 128 for i in access):
         return False
-    bases = [i.address for i in access]
-    return any(bases.count(b) >= 2 for b in set(bases))
+    offsets: dict[int, set[int]] = {}
+    for i in access:
+        offsets.setdefault(i.address[0], set()).add(i.address[1])
+    return any(len(seen) >= 2 for seen in offsets.values())
 
 
 @dataclass
