@@ -160,9 +160,18 @@ def facts(sass: str) -> SassFacts:
     out = SassFacts()
     pending: set[int] = set()
     waited = True  # the first load opens round 1
+    fallback_bases: set[int] = set()  # the base registers of the fallback just left out
     for block in blocks:
+        access = [i for i in block if i.base in ("LDG", "STG") and i.address]
         if _is_fallback(block, has_wide):
+            fallback_bases = {i.address[0] for i in access}
             continue
+        # ptxas may split a fallback at an early EXIT, leaving its last element (nonzero offset,
+        # same base) in the next block but one; a y[row] at offset 0 is never taken for it.
+        if access and all(i.address[0] in fallback_bases and i.address[1] > 0
+                          and load_width(i.opcode) < 128 for i in access):
+            continue
+        fallback_bases = set() if access or len(block) > 1 else fallback_bases
         for ins in block:
             out.instructions += 1
             if ins.base.startswith(_INT_ALU) or ins.base in _INT_ALU:
