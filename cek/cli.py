@@ -182,7 +182,9 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
             else:
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
     if report:
-        _print_report(kernels, n_dim, n_rows, arch, gpu, as_json)
+        # the row width: --n-dim, else the BLOCK_SIZE itself (--block-size, --all-sizes), else 768
+        fixed = n_dim if n_dim is not None else None if block_size or all_sizes else 768
+        _print_report([(k, fixed or k.block_size) for k in kernels], n_rows, arch, gpu, as_json)
         return
     rows = []
     for kernel in kernels:
@@ -207,15 +209,14 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
                                  "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
 
 
-def _print_report(kernels: list[Kernel], n_dim: int | None, n_rows: int, arch: str, gpu: str,
+def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: str,
                   as_json: bool) -> None:
-    """`cek compile --report`: one static_row per kernel, as a table or JSON."""
+    """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON."""
     from cek import report
     from cek.compile import CompileError
 
     rows = []
-    for kernel in kernels:
-        width = kernel.block_size if n_dim is None or n_dim > kernel.block_size else n_dim
+    for kernel, width in cases:
         click.echo(f"reporting {kernel.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
         try:
             rows.append(report.static_row(kernel, n_rows, width, arch=arch, gpu=gpu))

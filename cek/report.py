@@ -7,6 +7,8 @@ beside what Little's law needs to keep the GPU's DRAM busy. No GPU is needed.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
 
@@ -64,6 +66,18 @@ def _gpu(name: str, arch: str) -> Gpu:
     return GPUS[name]
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict | None]:
+    """(ptxas's summary, SASS facts or None without nvdisasm): once per kernel, arch and
+    disassembler, since a benchmark asks for every shape it times."""
+    compiled = kernel.compile(arch)
+    summary = compiled.summary()
+    summary.pop("seconds")
+    if tool is None:
+        return summary, None
+    return summary, sass.facts(sass.disassemble(compiled.cubin, tool)).as_dict()
+
+
 def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
                gpu: str = "h200") -> dict:
     """The report's facts for `kernel` on an n_rows x n_dim problem, JSON-serialisable.
@@ -71,35 +85,32 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
     The SASS facts are None, with `sass_missing` saying why, when nvdisasm is not installed."""
     spec = _gpu(gpu, arch)
     grid, block, dynamic_shared = kernel.launch_config(n_rows, n_dim)
-    compiled = kernel.compile(arch)
+    summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())
+    missing = None if facts is not None else sass.MISSING
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
-    o = occ.occupancy(arch, threads, compiled.registers, compiled.shared_bytes + dynamic_shared)
+    o = occ.occupancy(arch, threads, summary["registers"],
+                      summary["shared_bytes"] + dynamic_shared)
     wave_count, last_wave = waves(blocks, o.blocks_per_sm, spec.sms)
     row = {
         "kernel": kernel.name, "kernel_id": kernel.id, "dtype": kernel.dtype,
         "block_size": kernel.block_size, "n_rows": n_rows, "n_dim": n_dim, "arch": arch,
-        "gpu": gpu, **compiled.summary(),
+        "gpu": gpu, **summary,
         "dynamic_shared_bytes": dynamic_shared, "grid": list(grid), "block": list(block),
         "blocks_per_sm": o.blocks_per_sm, "warps_per_sm": o.warps_per_sm,
         "occupancy": o.occupancy, "occupancy_limit": o.limit,
-        "blocks_per_sm_by_limit": o.by_limit,
+        "blocks_per_sm_by_limit": dict(o.by_limit),
         "waves": wave_count, "last_wave_efficiency": last_wave,
         "dram_latency_cycles": DRAM_LATENCY_CYCLES, "dram_bytes_per_s": spec.dram_bytes_per_s,
         "needed_bytes_in_flight_per_sm": little_bytes_per_sm(spec),
-        "sass_missing": None,
+        "sass_missing": missing, "sass": None, "instructions_per_byte": None,
+        "bytes_in_flight_per_sm": None,
     }
-    row.pop("seconds")
-    try:
-        facts = sass.facts(sass.disassemble(compiled.cubin))
-    except sass.NvdisasmMissing as exc:
-        row["sass_missing"] = str(exc)
-        row.update(sass=None, bytes_in_flight_per_sm=None, instructions_per_byte=None)
-        return row
-    moved = facts.load_bytes + facts.store_bytes
-    row["sass"] = facts.as_dict()
-    row["instructions_per_byte"] = facts.instructions / moved if moved else None
-    row["bytes_in_flight_per_sm"] = facts.first_round_bytes * o.blocks_per_sm * threads
+    if facts is not None:
+        moved = facts["load_bytes"] + facts["store_bytes"]
+        row["sass"] = json.loads(json.dumps(facts))  # a copy the caller may change
+        row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
+        row["bytes_in_flight_per_sm"] = facts["first_round_bytes"] * o.blocks_per_sm * threads
     return row
 
 

@@ -38,8 +38,9 @@ def find_nvdisasm() -> str | None:
     return shutil.which("nvdisasm")
 
 
-def disassemble(cubin: bytes) -> str:
-    tool = find_nvdisasm()
+def disassemble(cubin: bytes, tool: str | None = None) -> str:
+    """nvdisasm's listing of `cubin`; `tool` defaults to find_nvdisasm()."""
+    tool = tool or find_nvdisasm()
     if tool is None:
         raise NvdisasmMissing(MISSING)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -68,13 +69,12 @@ class Instruction:
         return self.opcode.split(".")[0]
 
 
+_NARROW = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "64": 64, "128": 128}
+
+
 def load_width(opcode: str) -> int:
-    """Bits moved by one LDG/STG."""
-    parts = opcode.split(".")
-    for bits in ("128", "64", "U16", "S16", "U8", "S8"):
-        if bits in parts:
-            return {"U16": 16, "S16": 16, "U8": 8, "S8": 8}.get(bits, int(bits) if bits.isdigit() else 0)
-    return 32
+    """Bits moved by one LDG/STG: LDG.E.128 128, LDG.E.64 64, LDG.E.U16 16, plain LDG.E 32."""
+    return next((_NARROW[p] for p in opcode.split(".") if p in _NARROW), 32)
 
 
 def _regs(operand: str, width: int = 32) -> list[int]:
@@ -109,7 +109,8 @@ def parse(sass: str) -> list[list[Instruction]]:
         else:
             dest = _regs(ops[0]) if ops else []
             srcs = [r for o in ops[1:] for r in _regs(o)]
-        at = re.search(r"\]\[R(\d+)\.64(?:\+0x([0-9a-f]+))?\]", m.group(2))
+        # sm_90 writes desc[UR4][R10.64+0x8], sm_80 [R10.64+0x8]
+        at = re.search(r"\[R(\d+)\.64(?:\+0x([0-9a-f]+))?\]", m.group(2))
         address = (int(at.group(1)), int(at.group(2) or "0", 16)) if at else ()
         blocks[-1].append(Instruction(opcode, dest, srcs, address))
         if base in ("BRA", "EXIT"):
@@ -174,8 +175,7 @@ def facts(sass: str) -> SassFacts:
         fallback_bases = set() if access or len(block) > 1 else fallback_bases
         for ins in block:
             out.instructions += 1
-            if ins.base.startswith(_INT_ALU) or ins.base in _INT_ALU:
-                out.int_alu += 1
+            out.int_alu += ins.base.startswith(_INT_ALU)
             out.shuffles += ins.base == "SHFL"
             out.barriers += ins.base == "BAR"
             out.local_loads += ins.base == "LDL"

@@ -138,6 +138,11 @@ def test_fallback_left_out_and_late_loads_counted():
     assert f.instructions == 7  # NOP and the four fallback loads left out
 
 
+def test_fallback_left_out_in_sm_80_syntax():
+    # sm_80's listing writes the address as [R10.64+0x8], without sm_90's desc[UR4] prefix
+    assert sass.facts(LISTING.replace("desc[UR4]", "")) == sass.facts(LISTING)
+
+
 # A fallback store split by an early EXIT: its last element (offset 0xe, same base) sits in a
 # block of its own and is left out too; a later y[row] at offset 0 off that same register (ptxas
 # reuses it) still counts, after the wait on x.
@@ -206,7 +211,7 @@ def test_cli_report_says_when_nvdisasm_is_missing(monkeypatch):
     assert "nvdisasm not found" in out.stderr
     (row,) = json.loads(out.stdout)
     assert row["sass"] is None and "nvdisasm" in row["sass_missing"]
-    assert row["registers"] > 0  # the rest of the report stands
+    assert row["registers"] > 0 and row["n_dim"] == 768  # the rest stands; default width 768
 
 
 def test_cli_report_rejects_bad_n_rows():
