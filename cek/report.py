@@ -63,6 +63,8 @@ def _gpu(name: str, arch: str) -> Gpu:
         raise ValueError(f"gpu must be one of {', '.join(GPUS)}, got {name!r}")
     if arch not in occ.ARCHS:
         raise ValueError(f"arch must be one of {', '.join(occ.ARCHS)}, got {arch!r}")
+    if arch > GPUS[name].arch:  # sm_80 code runs on an H100; sm_90 code does not on an A100
+        raise ValueError(f"{arch} code does not run on {GPUS[name].name} ({GPUS[name].arch})")
     return GPUS[name]
 
 
@@ -83,6 +85,8 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
     """The report's facts for `kernel` on an n_rows x n_dim problem, JSON-serialisable.
 
     The SASS facts are None, with `sass_missing` saying why, when nvdisasm is not installed."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a cek.Kernel, got {type(kernel).__name__}")
     spec = _gpu(gpu, arch)
     grid, block, dynamic_shared = kernel.launch_config(n_rows, n_dim)
     summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())

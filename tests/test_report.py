@@ -183,10 +183,18 @@ def test_static_row_is_one_json_row_with_every_fact():
     assert row["bytes_in_flight_per_sm"] == 32 * row["blocks_per_sm"] * 192
 
 
-@pytest.mark.parametrize("kwargs, word", [({"arch": "sm_70"}, "arch"), ({"gpu": "v100"}, "gpu")])
+@pytest.mark.parametrize("kwargs, word", [({"arch": "sm_70"}, "arch"), ({"gpu": "v100"}, "gpu"),
+                                          ({"arch": "sm_90", "gpu": "a100"}, "A100")])
 def test_static_row_rejects_bad_arch_and_gpu(kwargs, word):
     with pytest.raises(ValueError, match=word):
         report.static_row(kernel_classes()["fused"].for_n_dim(768), 8, 768, **kwargs)
+
+
+def test_static_row_rejects_a_non_kernel_and_a_wrong_width():
+    with pytest.raises(TypeError, match="cek.Kernel"):
+        report.static_row("fused", 8, 768)
+    with pytest.raises(ValueError, match="block_size"):
+        report.static_row(kernel_classes()["fused"].for_n_dim(768), 8, 4096)
 
 
 @needs_nvdisasm
