@@ -46,8 +46,10 @@ def disassemble(cubin: bytes, tool: str | None = None) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True,
-                              text=True).stdout
+        done = subprocess.run([tool, "-c", f.name], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
 
 
 _LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
@@ -154,7 +156,7 @@ class SassFacts:
 
 
 def facts(sass: str) -> SassFacts:
-    """Count the facts of the first kernel function in `sass` (nvdisasm -c output)."""
+    """Count the facts of a listing of one kernel function (nvdisasm -c output)."""
     blocks = parse(sass)
     has_wide = any(load_width(i.opcode) == 128 for b in blocks for i in b
                    if i.base in ("LDG", "STG"))
