@@ -142,16 +142,30 @@ def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> No
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write <id>.ptx and <id>.cubin here.")
 @click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
+@click.option("--report", is_flag=True,
+              help="The static report: occupancy, waves, SASS facts (default: every kernel).")
+@click.option("--gpu", type=click.Choice(["a100", "h100", "h200"]), default="h200",
+              show_default=True, help="--report: the GPU whose SMs and DRAM to assume.")
+@click.option("--n-rows", type=int, default=65536, show_default=True,
+              help="--report: rows of the problem, for the grid and waves.")
 def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
-                    out_dir, as_json) -> None:
+                    out_dir, as_json, report, gpu, n_rows) -> None:
     """Compile kernels with NVRTC; needs no GPU. Reports registers, spills, shared memory.
 
     \b
     Examples:
       cek compile --kernel backward --n-dim 768
       cek compile --all --all-sizes --arch sm_90 --json
+      cek compile --report --arch sm_90 --gpu h200 --n-dim 768 --n-rows 65536
     """
     from cek.compile import CompileError
+
+    if report:
+        all_kernels = all_kernels or not kernel_name
+        if n_rows < 1:
+            raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
+        if out_dir is not None:
+            raise click.UsageError("--out goes without --report")
 
     if all_kernels and kernel_name:
         raise click.UsageError("give --kernel or --all, not both")
@@ -167,6 +181,11 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
                 kernels += [cls(b, dtype) for b in cls.block_sizes()]
             else:
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
+    if report:
+        # the row width: --n-dim, else the BLOCK_SIZE itself (--block-size, --all-sizes), else 768
+        fixed = n_dim if n_dim is not None else None if block_size or all_sizes else 768
+        _print_report([(k, fixed or k.block_size) for k in kernels], n_rows, arch, gpu, as_json)
+        return
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)
@@ -188,6 +207,31 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
             row["seconds"] = f"{row['seconds']:.3f}"
         click.echo(_table(rows, ["kernel_id", "arch", "registers", "spill_stores", "spill_loads",
                                  "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
+
+
+def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: str,
+                  as_json: bool) -> None:
+    """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON."""
+    from cek import report
+    from cek.compile import CompileError
+
+    rows = []
+    for kernel, width in cases:
+        click.echo(f"reporting {kernel.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
+        try:
+            rows.append(report.static_row(kernel, n_rows, width, arch=arch, gpu=gpu))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except CompileError as exc:
+            raise click.ClickException(str(exc)) from exc
+    missing = next((r["sass_missing"] for r in rows if r["sass_missing"]), None)
+    if missing:
+        click.echo(missing, err=True)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        table = report.table_rows(rows)
+        click.echo(_table(table, list(table[0])))
 
 
 @main.command("check")

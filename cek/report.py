@@ -1,0 +1,162 @@
+"""The static report: what the GPU will do with a kernel, read from its compiled code.
+
+One row per kernel and shape: ptxas's resources, the launch, theoretical occupancy
+(cek.occupancy), waves over the GPU's SMs, SASS facts (cek.sass) and the bytes in flight per SM
+beside what Little's law needs to keep the GPU's DRAM busy. No GPU is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+
+from cek import occupancy as occ
+from cek import sass
+from cek.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    arch: str
+    sms: int
+    dram_bytes_per_s: float
+    clock_hz: float
+
+
+# SM counts and DRAM bandwidth: NVIDIA's datasheets (A100 80GB SXM 2,039 GB/s; H100 SXM 3.35 TB/s;
+# H200 4.8 TB/s) and the A100 / H100 whitepapers (108 and 132 SMs; H200 keeps H100 SXM's die).
+# Boost clocks (1410 MHz A100, 1755 MHz H100) turn the latency below from cycles to seconds; H200
+# is taken at H100's clock.
+GPUS = {
+    "a100": Gpu("A100 80GB SXM", "sm_80", 108, 2.0e12, 1.410e9),
+    "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, 1.755e9),
+    "h200": Gpu("H200", "sm_90", 132, 4.8e12, 1.755e9),
+}
+# Global-memory (DRAM) load latency in cycles, the figure given for A100 and H100 alike in
+# Table 3 of "Hardware features of different Nvidia GPU architectures" (Ultrasonics
+# Sonochemistry 99, 106546, 2023, PMC10448217). A loaded memory system waits longer, so the
+# Little's-law target below is a floor, not a goal.
+DRAM_LATENCY_CYCLES = 400
+
+
+def little_bytes_per_sm(gpu: Gpu) -> int:
+    """Bytes that must be in flight on each SM for DRAM to run at full bandwidth."""
+    latency_s = DRAM_LATENCY_CYCLES / gpu.clock_hz
+    return math.ceil(gpu.dram_bytes_per_s * latency_s / gpu.sms)
+
+
+def waves(grid_blocks: int, blocks_per_sm: int, sms: int) -> tuple[float, float]:
+    """(waves, last-wave efficiency): the share of the GPU's block slots the last wave fills."""
+    if blocks_per_sm == 0:
+        raise ValueError("no block of this kernel fits on an SM: it cannot launch")
+    per_wave = blocks_per_sm * sms
+    count = grid_blocks / per_wave
+    rest = grid_blocks % per_wave
+    return count, (rest / per_wave if rest else 1.0)
+
+
+def _gpu(name: str, arch: str) -> Gpu:
+    if name not in GPUS:
+        raise ValueError(f"gpu must be one of {', '.join(GPUS)}, got {name!r}")
+    if arch not in occ.ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(occ.ARCHS)}, got {arch!r}")
+    if arch > GPUS[name].arch:  # sm_80 code runs on an H100; sm_90 code does not on an A100
+        raise ValueError(f"{arch} code does not run on {GPUS[name].name} ({GPUS[name].arch})")
+    return GPUS[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict | None]:
+    """(ptxas's summary, SASS facts or None without nvdisasm): once per kernel, arch and
+    disassembler, since a benchmark asks for every shape it times."""
+    compiled = kernel.compile(arch)
+    summary = compiled.summary()
+    summary.pop("seconds")
+    if tool is None:
+        return summary, None
+    return summary, sass.facts(sass.disassemble(compiled.cubin, tool)).as_dict()
+
+
+def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
+               gpu: str = "h200") -> dict:
+    """The report's facts for `kernel` on an n_rows x n_dim problem, JSON-serialisable.
+
+    The SASS facts are None, with `sass_missing` saying why, when nvdisasm is not installed."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"kernel must be a cek.Kernel, got {type(kernel).__name__}")
+    spec = _gpu(gpu, arch)
+    grid, block, dynamic_shared = kernel.launch_config(n_rows, n_dim)
+    summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())
+    missing = None if facts is not None else sass.MISSING
+    threads = block[0] * block[1] * block[2]
+    blocks = grid[0] * grid[1] * grid[2]
+    o = occ.occupancy(arch, threads, summary["registers"],
+                      summary["shared_bytes"] + dynamic_shared)
+    wave_count, last_wave = waves(blocks, o.blocks_per_sm, spec.sms)
+    row = {
+        "kernel": kernel.name, "kernel_id": kernel.id, "dtype": kernel.dtype,
+        "block_size": kernel.block_size, "n_rows": n_rows, "n_dim": n_dim, "arch": arch,
+        "gpu": gpu, **summary,
+        "dynamic_shared_bytes": dynamic_shared, "grid": list(grid), "block": list(block),
+        "blocks_per_sm": o.blocks_per_sm, "warps_per_sm": o.warps_per_sm,
+        "occupancy": o.occupancy, "occupancy_limit": o.limit,
+        "blocks_per_sm_by_limit": dict(o.by_limit),
+        "waves": wave_count, "last_wave_efficiency": last_wave,
+        "dram_latency_cycles": DRAM_LATENCY_CYCLES, "dram_bytes_per_s": spec.dram_bytes_per_s,
+        "needed_bytes_in_flight_per_sm": little_bytes_per_sm(spec),
+        "sass_missing": missing, "sass": None, "instructions_per_byte": None,
+        "bytes_in_flight_per_sm": None,
+    }
+    if facts is not None:
+        moved = facts["load_bytes"] + facts["store_bytes"]
+        row["sass"] = json.loads(json.dumps(facts))  # a copy the caller may change
+        row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
+        row["bytes_in_flight_per_sm"] = facts["first_round_bytes"] * o.blocks_per_sm * threads
+    return row
+
+
+# Columns of the text table: (heading, how to show the row).
+def _fmt_sass(key):
+    return lambda r: "-" if r["sass"] is None else r["sass"][key]
+
+
+def _widths(which):
+    return lambda r: "-" if r["sass"] is None else " ".join(
+        f"{n}x{w}" for w, n in sorted(r["sass"][which].items(), key=lambda kv: -int(kv[0])))
+
+
+COLUMNS = [
+    ("kernel_id", lambda r: r["kernel_id"]),
+    ("regs", lambda r: r["registers"]),
+    ("spill", lambda r: r["spill_stores"] + r["spill_loads"]),
+    ("smem", lambda r: r["shared_bytes"] + r["dynamic_shared_bytes"]),
+    ("lmem", lambda r: r["local_bytes"]),
+    ("grid", lambda r: r["grid"][0]),
+    ("block", lambda r: r["block"][0]),
+    ("blk/SM", lambda r: r["blocks_per_sm"]),
+    ("occ%", lambda r: f"{100 * r['occupancy']:.0f}"),
+    ("limit", lambda r: r["occupancy_limit"]),
+    ("waves", lambda r: f"{r['waves']:.2f}"),
+    ("last%", lambda r: f"{100 * r['last_wave_efficiency']:.0f}"),
+    ("ldg", _widths("loads")),
+    ("stg", _widths("stores")),
+    ("shfl", _fmt_sass("shuffles")),
+    ("bar", _fmt_sass("barriers")),
+    ("ldl/stl", lambda r: "-" if r["sass"] is None
+     else f"{r['sass']['local_loads']}/{r['sass']['local_stores']}"),
+    ("rounds", _fmt_sass("load_rounds")),
+    ("instr", _fmt_sass("instructions")),
+    ("int", _fmt_sass("int_alu")),
+    ("instr/B", lambda r: "-" if r["instructions_per_byte"] is None
+     else f"{r['instructions_per_byte']:.2f}"),
+    ("inflight/SM", lambda r: "-" if r["bytes_in_flight_per_sm"] is None
+     else f"{r['bytes_in_flight_per_sm'] / 1024:.0f}K"),
+    ("need/SM", lambda r: f"{r['needed_bytes_in_flight_per_sm'] / 1024:.0f}K"),
+]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    return [{name: show(r) for name, show in COLUMNS} for r in rows]
