@@ -216,11 +216,12 @@ class Kernel:
 
     def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
         """(grid, block, shared_mem_bytes) for a problem of n_rows x n_dim."""
-        if not _is_int(n_rows) or not 1 <= n_rows < 2**31:
-            raise ValueError(f"n_rows must be an int in [1, 2^31) (the kernels take it as int), "
-                             f"got {n_rows!r}")
-        if not _is_int(n_dim) or not 1 <= n_dim < 2**31:
-            raise ValueError(f"n_dim must be an int in [1, 2^31), got {n_dim!r}")
+        for name, value in (("n_rows", n_rows), ("n_dim", n_dim)):
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if value >= 2**31:
+                raise ValueError(f"{name} must be below 2^31 (the kernels take it as a 32-bit "
+                                 f"int), got {value!r}")
         if next_power_of_two(n_dim) != self.block_size:
             raise ValueError(
                 f"n_dim={n_dim} needs block_size={next_power_of_two(n_dim)}, "

