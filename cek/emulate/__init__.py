@@ -38,10 +38,10 @@ import numpy as np
 
 from cek.compile import CompileError
 from cek.emulate import build, runner, sanitize as sanitized
-from cek.emulate.errors import KernelError
+from cek.emulate.errors import CacheDirError, KernelError
 from cek.kernel import Kernel
 
-__all__ = ["CompileError", "KernelError", "Traffic", "load", "traffic"]
+__all__ = ["CacheDirError", "CompileError", "KernelError", "Traffic", "load", "traffic"]
 
 _FLAVOURS = {None: "plain", "thread": "thread", "address": "address"}
 
