@@ -70,7 +70,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
             return
         values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
         error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem,
-                               order, first)
+                               order, first, interruptible=True)
         if error:
             raise KernelError(error)
 
@@ -131,7 +131,7 @@ def traffic(kernel: Kernel, grid, block, args: Sequence, *, shared_mem: int = 0,
     values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
     ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
     error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem, order,
-                           0, watch)
+                           0, watch, interruptible=True)
     if error:
         raise KernelError(error)
     result = {}
