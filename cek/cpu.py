@@ -85,7 +85,7 @@ def rows(x1, x2, y, margin, g=None, *, want_loss=True, want_grads=True, dx1=None
         g = np.broadcast_to(np.asarray(g, dtype=acc), (n,))
     step = max(1, BLOCK_BYTES // (d * acc.itemsize))
     starts = range(0, n, step)
-    n_threads = min(MAX_THREADS, _cpus(), len(starts))
+    n_threads = max(1, min(MAX_THREADS, _cpus(), len(starts)))
 
     def run(thread: int) -> None:
         """Blocks thread, thread + n_threads, ...: rows are independent, so which thread

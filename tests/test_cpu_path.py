@@ -185,3 +185,19 @@ def test_an_int_beyond_float_is_a_value_error(what):
             F.cosine_embedding_loss(x, x, np.ones(2), huge)
         else:
             F.cosine_embedding_loss_backward(huge, x, x, np.ones(2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_no_rows_and_one_block_per_thread_give_the_same_rows(dtype):
+    empty = np.zeros((0, 4), dtype)
+    loss, dx1, dx2 = cpu.rows(empty, empty, np.zeros(0), 0.0, 1.0)
+    assert loss.shape == (0,) and dx1.shape == dx2.shape == (0, 4)
+    # Many blocks over several threads against one row at a time: the same bits.
+    rng = np.random.default_rng(5)
+    x1, x2 = rng.standard_normal((2, 3000, 200)).astype(dtype)
+    y = np.where(rng.random(3000) < 0.5, 1, -1)
+    whole = cpu.rows(x1, x2, y, 0.1, 0.5)
+    for i in (0, 1234, 2999):
+        one = cpu.rows(x1[i:i + 1], x2[i:i + 1], y[i:i + 1], 0.1, 0.5)
+        for a, b in zip(whole, one):
+            np.testing.assert_array_equal(a[i:i + 1], b)
