@@ -151,3 +151,15 @@ def test_an_unusable_cache_dir_is_one_oserror_naming_it_and_the_variable(tmp_pat
         assert isinstance(caught.value, OSError), what
         assert str(path) in message and "set CEK_CACHE_DIR" in message, (what, message)
         assert "\n" not in message, what
+
+
+def test_an_unusable_home_is_the_same_one_line_error(tmp_path, monkeypatch):
+    home = tmp_path / "home_is_a_file"
+    home.write_text("")
+    monkeypatch.delenv("CEK_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    build.forget()
+    with pytest.raises(CacheDirError, match=f"cannot use {home}/.cache/cek/emulate .*; set "
+                                            "CEK_CACHE_DIR to a writable folder$"):
+        build.library(KERNEL)
