@@ -15,6 +15,23 @@ from cek.kernel import Arg, Kernel
 
 __version__ = "0.1.0"
 
+# Submodules imported on first use (PEP 562), so `import cek; cek.emulate.load(...)` works while
+# `import cek` stays free of CuPy, torch and the emulator's compiler checks.
+_LAZY = ("bench", "check", "cli", "compile", "cpu", "dtypes", "emulate", "functional", "kernel",
+         "plot", "sources", "torch", "validate")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"cek.{name}")
+    raise AttributeError(f"module 'cek' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "Arg",
     "CosineEmbeddingLossBackward",

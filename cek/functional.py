@@ -125,13 +125,16 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
     xp = _xp(problem)
     n, d = problem.n_rows, problem.n_dim
     on_device = xp.cuda.Device(problem.device) if xp is not np else contextlib.nullcontext()
-    with on_device:
+    # A huge margin or grad rounds to inf in float32 and an Inf input gives NaN: results the
+    # formula defines, not warnings (which `-W error` would turn into exceptions).
+    with on_device, np.errstate(over="ignore", invalid="ignore"):
         if n == 0:
             acc = cpu.accumulation_dtype(problem.dtype)
             rows = xp.zeros(0, dtype=acc)
             dx1 = dx2 = xp.zeros((0, d), dtype=acc) if want_grads else None
         elif xp is np:
-            rows, dx1, dx2 = _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads)
+            rows, dx1, dx2 = _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads,
+                                         out)
         else:
             rows, dx1, dx2 = _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out)
         loss = _reduce(xp, rows, problem.reduction) if want_loss else None
@@ -163,26 +166,40 @@ def _deliver(value, shape, dtype, buffer):
 
 
 def _same_memory(value, buffer) -> bool:
-    pointer = getattr(getattr(value, "data", None), "ptr", None)  # CuPy arrays only
+    if isinstance(value, np.ndarray):
+        return value.ctypes.data == buffer.ctypes.data and value.size == buffer.size
+    pointer = getattr(getattr(value, "data", None), "ptr", None)  # CuPy arrays
     return pointer is not None and pointer == buffer.data.ptr and value.size == buffer.size
 
 
 # -- NumPy -------------------------------------------------------------------------------------
 
 
-def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads):
-    acc = cpu.accumulation_dtype(problem.dtype)
+def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
+    """Per-row losses and the gradients from cek.cpu; `out` gradient buffers that can take them
+    directly (C-contiguous, not overlapping an input) are written in place."""
     n, d = problem.n_rows, problem.n_dim
-    a1 = np.ascontiguousarray(x1, dtype=acc).reshape(n, d)
-    a2 = np.ascontiguousarray(x2, dtype=acc).reshape(n, d)
+    a1 = np.ascontiguousarray(x1).reshape(n, d)
+    a2 = np.ascontiguousarray(x2).reshape(n, d)
     y = np.asarray(target).reshape(n)
-    if not want_grads:
-        return cpu.forward(a1, a2, y, problem.margin), None, None
-    dy, scale = _upstream(problem, grad)
-    g = acc.type(scale) if dy is None else np.asarray(dy, dtype=acc) * acc.type(scale)
-    if not want_loss:
-        return (None, *cpu.backward(g, a1, a2, y, problem.margin))
-    return cpu.fused(g, a1, a2, y, problem.margin)
+    g = None
+    if want_grads:
+        acc = cpu.accumulation_dtype(problem.dtype)
+        dy, scale = _upstream(problem, grad)
+        g = acc.type(scale) if dy is None else np.asarray(dy, dtype=acc) * acc.type(scale)
+    inputs = (a1, a2, y) if grad is None or np.isscalar(grad) else (a1, a2, y, grad)
+    dest = [_numpy_direct(buffer, (n, d), inputs) for buffer in out[1:]]
+    return cpu.rows(a1, a2, y, problem.margin, g, want_loss=want_loss, want_grads=want_grads,
+                    dx1=dest[0], dx2=dest[1])
+
+
+def _numpy_direct(buffer, shape, inputs):
+    """`buffer` as a [shape] view cek.cpu may write block by block, or None to write via a copy."""
+    if buffer is None or not buffer.flags.c_contiguous:
+        return None
+    if any(np.may_share_memory(buffer, a) for a in inputs if isinstance(a, np.ndarray)):
+        return None
+    return buffer.reshape(shape)
 
 
 # -- CuPy --------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
 
     def launch(grid, block, args, *, shared_mem: int = 0, stream=None):
         cast = kernel.check_args(args, (cupy.ndarray,))
+        kernel.check_launch(grid, block, *kernel.problem_size(cast))
         device = cupy.cuda.Device().id
         for spec, value in zip(kernel.args, cast):
             if spec.is_pointer and value is not None and value.device.id != device:

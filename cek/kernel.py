@@ -53,6 +53,14 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _dims3(value) -> tuple | None:
+    """A grid or block given as an int or a sequence of up to 3, as (x, y, z); None if neither."""
+    dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(dims) <= 3 or not all(_is_int(d) for d in dims):
+        return None
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -267,10 +275,12 @@ class Kernel:
 
     def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
         """(grid, block, shared_mem_bytes) for a problem of n_rows x n_dim."""
-        if not _is_int(n_rows) or n_rows < 1:
-            raise ValueError(f"n_rows must be a positive int, got {n_rows!r}")
-        if not _is_int(n_dim) or n_dim < 1:
-            raise ValueError(f"n_dim must be a positive int, got {n_dim!r}")
+        for name, value in (("n_rows", n_rows), ("n_dim", n_dim)):
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if value >= 2**31:
+                raise ValueError(f"{name} must be below 2^31 (the kernels take it as a 32-bit "
+                                 f"int), got {value!r}")
         if next_power_of_two(n_dim) != self.block_size:
             raise ValueError(
                 f"n_dim={n_dim} needs block_size={next_power_of_two(n_dim)}, "
@@ -280,6 +290,20 @@ class Kernel:
 
     def _grid_and_block(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple]:
         return (n_rows, 1, 1), (self.threads(n_dim), 1, 1)
+
+    def check_launch(self, grid, block, n_rows: int, n_dim: int) -> None:
+        """ValueError unless grid and block are `launch_config(n_rows, n_dim)`'s. A kernel trusts
+        its launch: fewer blocks leave rows unwritten, other threads per block a wrong sum.
+        Kernels of another kind (a test's probe) have no contract here and are not checked."""
+        if getattr(self, "kind", None) not in ("forward", "backward", "fused"):
+            return
+        want_grid, want_block, _ = self.launch_config(n_rows, n_dim)
+        got_grid, got_block = _dims3(grid), _dims3(block)
+        if (got_grid, got_block) != (want_grid, want_block):
+            raise ValueError(
+                f"{self.id}: grid {grid!r}, block {block!r} differ from launch_config({n_rows}, "
+                f"{n_dim}) = grid {want_grid}, block {want_block}"
+            )
 
     def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
         """Check launch arguments against `args` and cast scalars to their C types.

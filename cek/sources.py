@@ -4,7 +4,9 @@ The `.cu` files live in `kernels/` at the repository root; a built wheel carries
 `cek/_kernels/`. Local `#include "..."` lines are inlined, each file opened with a `#line`
 directive, so that `Kernel.source` is self-contained (its hash covers the headers, and CuPy's
 disk cache, keyed on the source text, cannot serve a module built from an older header) and
-compiler errors still name the real file and line.
+compiler errors still name the real file and line. The `#line` paths are `kernels/<file>`,
+wherever the package lives, so one kernel has one source text (and one cache key) in every
+checkout, virtual environment and wheel.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ def kernels_dir() -> Path:
     raise FileNotFoundError(f"no kernels directory beside {here}")
 
 
+def display_name(path: Path) -> str:
+    """The name `#line` gives a file of the kernels directory: `kernels/<relative path>`."""
+    return f"kernels/{path.relative_to(kernels_dir().resolve()).as_posix()}"
+
+
 def _expand(path: Path, seen: set[Path]) -> list[str]:
-    out = [f'#line 1 "{path}"']
+    name = display_name(path)
+    out = [f'#line 1 "{name}"']
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         match = _INCLUDE.match(line)
         if match:
@@ -36,7 +44,7 @@ def _expand(path: Path, seen: set[Path]) -> list[str]:
                 if header not in seen:
                     seen.add(header)
                     out.extend(_expand(header, seen))
-                out.append(f'#line {number + 1} "{path}"')
+                out.append(f'#line {number + 1} "{name}"')
                 continue
         # The header is inlined once, so its guard would only draw a warning in the main file.
         out.append("" if _PRAGMA_ONCE.match(line) else line)

@@ -62,6 +62,12 @@ def array_kind(value: Any) -> str | None:
     return None
 
 
+def _shown(value: Any) -> str:
+    """repr(value), shortened for an int of hundreds of digits."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:12]}...{text[-4:]} ({len(text)} characters)"
+
+
 def check_reduction(reduction: Any) -> str:
     if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -71,9 +77,12 @@ def check_reduction(reduction: Any) -> str:
 def check_margin(margin: Any) -> float:
     if isinstance(margin, (bool, np.bool_)) or not isinstance(margin, numbers.Real):
         raise TypeError(f"margin must be a real number, got {type(margin).__name__} {margin!r}")
-    value = float(margin)
+    try:
+        value = float(margin)
+    except OverflowError:  # an int beyond float's range, such as 2**2000
+        value = math.inf
     if not math.isfinite(value):
-        raise ValueError(f"margin must be finite, got {margin!r}")
+        raise ValueError(f"margin must be finite, got {_shown(margin)}")
     return value
 
 
@@ -113,6 +122,9 @@ def check_label_dtype(dtype, name: str = "target") -> None:
 
 
 def _same_kind(kind: str, name: str, value: Any) -> None:
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a numpy.ma.MaskedArray: its mask would be ignored; pass "
+                        f"{name}.filled(value) or select the unmasked rows")
     got = array_kind(value)
     if got != kind:
         what = got or type(value).__module__ + "." + type(value).__name__
@@ -131,6 +143,8 @@ def _check_device(device: int | None, name: str, value: Any) -> None:
 def check_inputs(x1, x2, target, margin, reduction) -> Problem:
     """Check the arguments every entry point shares; return the Problem they describe."""
     kind = array_kind(x1)
+    if kind is not None:
+        _same_kind(kind, "x1", x1)  # refuses a masked array
     if kind is None:
         raise TypeError(f"x1 must be a numpy.ndarray or cupy.ndarray, got {type(x1).__name__}")
     _same_kind(kind, "x2", x2)
@@ -193,6 +207,10 @@ def check_grad(grad, problem: Problem, name: str = "grad"):
     if isinstance(grad, (bool, np.bool_)):
         raise TypeError(f"{name} must be a number or an array, got {grad!r}")
     if isinstance(grad, numbers.Real) and not isinstance(grad, np.ndarray):
+        try:
+            float(grad)
+        except OverflowError:
+            raise ValueError(f"{name} must fit a float, got {_shown(grad)}") from None
         if shape != ():
             raise ValueError(
                 f"{name} must be an array of shape {shape} for reduction='none', got {grad!r}"

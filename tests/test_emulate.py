@@ -19,6 +19,7 @@ from cek.kernel import Arg, Kernel
 
 emulate = pytest.importorskip("cek.emulate")
 from cek.emulate import KernelError, build, sanitize as sanitized  # noqa: E402
+from oracle import expected_rows  # noqa: E402
 
 pytestmark = pytest.mark.emulator
 
@@ -73,17 +74,7 @@ def make_inputs(n_rows, n_dim, seed=0):
     return x1, x2, y, dy
 
 
-def expected(x1, x2, y, dy, margin):
-    """Forward loss and the gradients dx1, dx2, in float64 (the kernels' header formulas)."""
-    a, b = x1.astype(np.float64), x2.astype(np.float64)
-    sq1, sq2, dot = (a * a).sum(1), (b * b).sum(1), (a * b).sum(1)
-    r1, r2 = 1 / np.sqrt(sq1 + 1e-12), 1 / np.sqrt(sq2 + 1e-12)
-    c = dot * r1 * r2
-    loss = np.where(y == 1, 1 - c, np.where(y == -1, np.maximum(0, c - margin), 0))
-    coeff = np.where(y == 1, -dy, np.where((y == -1) & (c > margin), dy, 0))[:, None]
-    dx1 = coeff * (b * r2[:, None] - (c * r1)[:, None] * a) * r1[:, None]
-    dx2 = coeff * (a * r1[:, None] - (c * r2)[:, None] * b) * r2[:, None]
-    return loss, dx1, dx2
+expected = expected_rows  # (loss, dx1, dx2) per row, float64
 
 
 def assert_close(got, want):

@@ -13,21 +13,9 @@ from hypothesis import strategies as st
 from cek import functional as F
 from cek import gpu, reference
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from oracle import NUMPY_TOLERANCES, expected
 
-# Tolerances against the float64 reference run on the same (already rounded) inputs, per dtype of
-# x1 and x2: {dtype: (rtol, atol)}, one pair for the loss and one for the gradients.
-TOLERANCES = {
-    # float64 accumulation: pairwise sums over D <= 4097 lose a few ulps (measured 9e-16 abs).
-    np.float64: {"loss": (1e-12, 1e-14), "grad": (1e-10, 1e-14)},
-    # float32 accumulation. The loss 1 - c or c - margin is absolute, so atol dominates
-    # (measured 1.2e-7). Gradients: each of the two terms of dx1 is up to |g|*r1 in size and
-    # they cancel where c is +-1 (always, at D = 1); with elements >= 0.5 and |g| <= 2 the terms
-    # are <= 4, and float32 keeps 6e-8 of that (measured 2.4e-7).
-    np.float32: {"loss": (1e-5, 1e-6), "grad": (1e-5, 1e-6)},
-    # float32 accumulation, then one rounding to float16 (half an ulp is 2**-11 = 4.9e-4
-    # relative); atol as float32's, which also covers float16's subnormal spacing (6e-8).
-    np.float16: {"loss": (1e-3, 1e-6), "grad": (1e-3, 1e-6)},
-}
+TOLERANCES = NUMPY_TOLERANCES  # x1 and x2: {dtype: (rtol, atol)} for "loss" and "grad"
 
 DIMS = [1, 31, 32, 33, 127, 769, 1000, 4097]
 ROWS = [1, 7]
@@ -53,19 +41,7 @@ def _inputs(n, d, dtype=np.float64, seed=0):
     return x1.astype(dtype), x2.astype(dtype), y.astype(dtype)
 
 
-def _expected(x1, x2, y, margin, reduction, grad):
-    """Float64 reference loss and gradients for the upstream gradient `grad` of the result."""
-    x1, x2, y = (np.asarray(a, dtype=np.float64) for a in (x1, x2, y))
-    rows = reference.forward(x1, x2, y, margin)
-    n = len(rows)
-    if reduction == "none":
-        loss, dy = rows, np.asarray(grad, dtype=np.float64)
-    elif reduction == "mean":
-        loss, dy = rows.mean(), np.full(n, float(grad) / n)
-    else:
-        loss, dy = rows.sum(), np.full(n, float(grad))
-    dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
-    return loss, dx1, dx2
+_expected = expected
 
 
 def _close(got, want, dtype, what):

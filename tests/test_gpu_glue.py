@@ -17,27 +17,14 @@ import numpy as np
 import pytest
 from fake_cupy import DeviceArray, install
 
-from cek import dtypes, gpu, reference
+from cek import dtypes, gpu
 from cek import functional as F
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from oracle import GLUE_TOLERANCES, expected_and_sizes
 
 pytestmark = pytest.mark.emulator
 
-# (rtol, atol) against the float64 reference, per kernel dtype. An element passes where
-# |got - want| <= rtol*|want| + atol*size, size being 1 for a loss and, for a gradient, the
-# terms it is the difference of (reference.gradient_magnitudes), as cek.check judges kernels.
-TOLERANCES = {
-    # The kernels' own tolerances (cek.check.TOLERANCES); the glue adds float64/float32 sums.
-    "f64": {"loss": (1e-10, 1e-12), "grad": (1e-10, 1e-12)},
-    "f32": {"loss": (1e-4, 1e-5), "grad": (1e-4, 1e-5)},
-    # The loss comes back rounded to float16 (half an ulp is 2**-11 = 4.9e-4 relative);
-    # gradients as cek.check's.
-    "f16": {"loss": (1e-3, 1e-5), "grad": (1e-3, 1e-4), "scaled": (2e-3, 1e-4)},
-    # Rounded to bfloat16: half an ulp is 2**-8 = 3.9e-3 relative.
-    "bf16": {"loss": (8e-3, 1e-5), "grad": (8e-3, 1e-3), "scaled": (1.6e-2, 1e-3)},
-}
-# "scaled": cek.torch's backward multiplies the kernel's half-precision gradient by a
-# grad_output other than 1 in half precision: two roundings, one ulp. f32 and f64 use "grad".
+TOLERANCES = GLUE_TOLERANCES  # {kernel dtype: {"loss"|"grad"|"scaled": (rtol, atol)}}
 
 LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2: loss 0, gradient 0
 REDUCTIONS = ["none", "mean", "sum"]
@@ -73,19 +60,7 @@ def _inputs(n, d, dtype, seed=0):
     return x1.astype(dtype), x2.astype(dtype), y.astype(dtype)
 
 
-def _expected(x1, x2, y, margin, reduction, grad):
-    """Float64 reference (loss, dx1, dx2) for the upstream gradient `grad` of the result, and
-    the size each gradient element is judged by. Inputs are [N, D] and [N], any dtype."""
-    x1, x2, y = (np.asarray(a, np.float64) for a in (x1, x2, y))
-    rows, n = reference.forward(x1, x2, y, margin), len(y)
-    grad = np.asarray(grad, np.float64)
-    if reduction == "none":
-        loss, dy = rows, np.broadcast_to(grad, (n,))
-    else:
-        loss = rows.mean() if reduction == "mean" else rows.sum()
-        dy = np.full(n, float(grad) / (n if reduction == "mean" else 1))
-    dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
-    return (loss, dx1, dx2), reference.gradient_magnitudes(dy, x1, x2, y, margin)
+_expected = expected_and_sizes
 
 
 def _close(got, want, dtype, kind, size=1.0):

@@ -243,6 +243,7 @@ def test_only_optional_pointers_take_none():
 def test_a_gpu_launch_without_a_device_is_one_clear_error(monkeypatch):
     from cek import gpu
 
+    monkeypatch.setattr(gpu, "cupy_or_none", object)  # CuPy present (or not installed at all)
     monkeypatch.setattr(gpu, "device_count", lambda: 0)
     with pytest.raises(gpu.NoDeviceError, match="no CUDA device found; `cek check --device cpu`"):
         gpu.launch(cek.CosineEmbeddingLossForward(8), *([None] * 7))

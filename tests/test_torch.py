@@ -9,26 +9,13 @@ from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402  (after the importorskip)
+from oracle import TORCH_TOLERANCES, TORCH_TWICE_ROUNDED  # noqa: E402
 
 F = torch.nn.functional
 
 # Tolerances per dtype of the computation: {dtype: (rtol, atol)}, for losses and gradients alike.
-TOLERANCES = {
-    # float64 on both sides: cek's pairwise sums and torch's differ by a few ulps.
-    torch.float64: (1e-10, 1e-14),
-    # float32 accumulation (autocast's result dtype): c is good to a few float32 ulps, and the
-    # loss 1 - c, c - margin is absolute (see tests/test_functional.py for the measurements).
-    torch.float32: (1e-5, 1e-6),
-    # float32 accumulation, then one rounding to float16: half an ulp is 2**-11 = 4.9e-4.
-    torch.float16: (1e-3, 1e-6),
-    # float32 accumulation, then one rounding to bfloat16 (half an ulp is 2**-8 = 3.9e-3), and
-    # under autocast a second rounding where the gradient passes back through the cast.
-    torch.bfloat16: (8e-3, 1e-5),
-}
-# CUDA gradients in half precision for an upstream gradient other than 1 are rounded twice: the
-# kernel's float32 result to half, then the product with grad_output in half (the weights used
-# are exact in half). One ulp, 2**-10 for float16 and 2**-7 for bfloat16, plus float32's error.
-TWICE_ROUNDED = {torch.float16: (2e-3, 1e-6), torch.bfloat16: (1.6e-2, 1e-5)}
+TOLERANCES = {getattr(torch, name): tol for name, tol in TORCH_TOLERANCES.items()}
+TWICE_ROUNDED = {getattr(torch, name): tol for name, tol in TORCH_TWICE_ROUNDED.items()}
 
 MARGINS = [-0.5, 0.0, 0.5]
 REDUCTIONS = ["none", "mean", "sum"]

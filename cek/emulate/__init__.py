@@ -38,10 +38,10 @@ import numpy as np
 
 from cek.compile import CompileError
 from cek.emulate import build, runner, sanitize as sanitized
-from cek.emulate.errors import KernelError
+from cek.emulate.errors import CacheDirError, KernelError
 from cek.kernel import Kernel
 
-__all__ = ["CompileError", "KernelError", "Traffic", "load", "traffic"]
+__all__ = ["CacheDirError", "CompileError", "KernelError", "Traffic", "load", "traffic"]
 
 _FLAVOURS = {None: "plain", "thread": "thread", "address": "address"}
 
@@ -70,7 +70,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
             return
         values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
         error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem,
-                               order, first)
+                               order, first, interruptible=True)
         if error:
             raise KernelError(error)
 
@@ -82,6 +82,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
 def _checked(kernel: Kernel, grid, block, args: Sequence, shared_mem) -> tuple:
     """(args cast to their C types, grid, block, shared_mem), or the error a GPU launch gives."""
     cast = kernel.check_args(args, (np.ndarray,))
+    kernel.check_launch(grid, block, *kernel.problem_size(cast))
     for spec, value in zip(kernel.args, cast):
         if spec.output and not value.flags.writeable:
             raise ValueError(f"{spec.name} must be writeable")
@@ -130,7 +131,7 @@ def traffic(kernel: Kernel, grid, block, args: Sequence, *, shared_mem: int = 0,
     values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
     ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
     error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem, order,
-                           0, watch)
+                           0, watch, interruptible=True)
     if error:
         raise KernelError(error)
     result = {}

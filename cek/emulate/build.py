@@ -6,6 +6,11 @@ from a `void**` argument array and defines the dynamic shared memory; and runtim
 traffic flavour traffic.cpp, which includes it), compiled once per flavour into its own cached
 object. Files are written under a temporary name and moved into place with `os.replace`, so two
 processes building the same library at once both succeed.
+
+A cached file is trusted only beside its checksum (`<file>.sha256`, written last, atomically):
+loading a truncated or garbled library would crash the process (a bus error, SIGILL), so a file
+whose checksum is missing or wrong is rebuilt. A `.build-*` folder that a killed build left
+behind is removed by a later build once it is an hour old.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from cek.compile import CompileError
+from cek.emulate.errors import CacheDirError
 from cek.kernel import Kernel
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +67,7 @@ FLAVOURS = {
 # The runtime's sources per flavour, the last one compiled (it includes the others).
 RUNTIME_SOURCES = {"traffic": (RUNTIME, TRAFFIC)}
 DYNAMIC_SHARED_BYTES = 48 * 1024  # kDynamicSharedCapacity in runtime.cpp
+STALE_BUILD_S = 3600  # a .build-* folder this old belongs to a build that was killed
 
 # `extern __shared__ T name[];`: the kernel declares it, the generated unit defines it.
 _DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+[^;]*?\b([A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -71,11 +79,30 @@ _key_locks: dict[tuple[str, str], threading.Lock] = {}
 
 
 def cache_dir() -> Path:
-    """`$CEK_CACHE_DIR`, else `$XDG_CACHE_HOME/cek`, else `~/.cache/cek`."""
+    """`$CEK_CACHE_DIR`, else `$XDG_CACHE_HOME/cek`, else `~/.cache/cek`, as an absolute path
+    (g++ runs in a temporary folder, where a relative one would point elsewhere); a leading `~`
+    that the shell left quoted is expanded."""
     if os.environ.get("CEK_CACHE_DIR"):
-        return Path(os.environ["CEK_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "cek"
+        path = Path(os.environ["CEK_CACHE_DIR"]).expanduser()
+    elif os.environ.get("XDG_CACHE_HOME"):
+        path = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "cek"
+    else:
+        try:
+            path = Path.home() / ".cache" / "cek"
+        except RuntimeError as exc:  # no HOME and no password entry
+            raise CacheDirError("~/.cache/cek", str(exc)) from None
+    return path.absolute()
+
+
+def _writable_folder(path: Path) -> Path:
+    """`path`, created if need be; CacheDirError if it is not a folder this process can write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheDirError(path, exc.strerror or type(exc).__name__) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CacheDirError(path, "not writable")
+    return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,13 +161,52 @@ def _run(command: list[str], what: str, cwd: Path) -> None:
         raise CompileError(what, (done.stdout + done.stderr).strip())
 
 
+def _checksum_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _verified(target: Path) -> bool:
+    """True if target and its checksum exist and agree."""
+    try:
+        return _checksum_path(target).read_text().strip() == _file_digest(target)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _remove_stale_builds(folder: Path) -> None:
+    now = time.time()
+    for stale in folder.glob(".build-*"):
+        try:
+            if now - stale.stat().st_mtime > STALE_BUILD_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # another process removed it first
+            pass
+
+
 def _build_once(target: Path, build) -> Path:
-    """Run build(tmp_dir) -> file unless target exists, then move the file into place."""
-    if target.exists():
+    """Run build(tmp_dir) -> file unless target exists with its checksum, then move the file and
+    then its checksum into place."""
+    if _verified(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        os.replace(build(Path(tmp)), target)
+    folder = _writable_folder(target.parent)
+    _remove_stale_builds(folder)
+    try:
+        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=".build-")
+    except OSError as exc:
+        raise CacheDirError(folder, exc.strerror or str(exc)) from None
+    with scratch as tmp:
+        built = build(Path(tmp))
+        try:
+            checksum = Path(tmp) / "checksum"
+            checksum.write_text(_file_digest(built) + "\n")
+            os.replace(built, target)
+            os.replace(checksum, _checksum_path(target))
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile
+            raise CacheDirError(folder, exc.strerror or str(exc)) from None
     return target
 
 

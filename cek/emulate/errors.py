@@ -1,4 +1,4 @@
-"""KernelError: a failure the emulator found in a kernel."""
+"""KernelError: a failure the emulator found in a kernel; CacheDirError: no usable build cache."""
 
 from __future__ import annotations
 
@@ -18,3 +18,13 @@ class KernelError(RuntimeError):
         match = _LOCATION.match(message)
         self.file = match["file"] if match else None
         self.line = int(match["line"]) if match else None
+
+
+class CacheDirError(OSError):
+    """The emulator's build cache folder cannot be created or written. The message is one line
+    naming the folder and the variable that chooses another."""
+
+    def __init__(self, path, reason: str):
+        super().__init__(f"cannot use {path} as the emulator's build cache ({reason}); "
+                         "set CEK_CACHE_DIR to a writable folder")
+        self.path = path

@@ -92,12 +92,15 @@ class Library:
             ctypes.POINTER(ctypes.c_uint), ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong,
             ctypes.c_ulong, ctypes.c_char_p, ctypes.c_ulong,
         ]
+        self._dll.cek_stop.argtypes = [ctypes.c_int]
         self._lock = threading.Lock()
 
     def launch(self, grid, block, values: list, shared_mem: int, schedule: tuple[int, int],
-               first_block: int, watch: Sequence[Watched] = ()) -> str:
+               first_block: int, watch: Sequence[Watched] = (), interruptible: bool = False
+               ) -> str:
         """Run blocks first_block.. of the grid; `values` from `arg_values`. Returns the
-        runtime's error, "" if none. A traffic library counts the accesses to `watch`."""
+        runtime's error, "" if none. A traffic library counts the accesses to `watch`.
+        interruptible: Ctrl-C stops the launch before its next block (KeyboardInterrupt)."""
         pointers = (ctypes.c_void_p * len(values))(
             *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values)
         )
@@ -105,15 +108,46 @@ class Library:
         with self._lock:
             if watch and self._dll.cek_traffic_watch(len(watch), (Watched * len(watch))(*watch)):
                 raise ValueError(f"a traffic library watches at most 16 arrays, not {len(watch)}")
+            call = (pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
+                    shared_mem, schedule[0], schedule[1], first_block, error, len(error))
             try:
-                failed = self._launch(
-                    pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-                    shared_mem, schedule[0], schedule[1], first_block, error, len(error),
-                )
+                if interruptible and threading.current_thread() is threading.main_thread():
+                    failed = self._launch_interruptibly(call)
+                else:
+                    failed = self._launch(*call)
             finally:
                 if watch:
                     self._dll.cek_traffic_watch(0, None)
         return error.value.decode(errors="replace") if failed else ""
+
+    def _launch_interruptibly(self, call: tuple) -> int:
+        """Run the launch on a worker thread while this (main) thread waits: Python handles
+        SIGINT only in the main thread between bytecodes, never inside a foreign call, so a long
+        launch run here directly would ignore Ctrl-C until it ended. The wait is on an Event,
+        not Thread.join: a join that KeyboardInterrupt cuts short marks a running thread as
+        finished (Python 3.11), and a next launch would then run beside it."""
+        result, done = [], threading.Event()
+
+        def work():
+            try:
+                result.append(self._launch(*call))
+            finally:
+                done.set()
+
+        self._dll.cek_stop(0)
+        threading.Thread(target=work, name="cek-emulate-launch", daemon=True).start()
+        try:
+            while not done.wait(0.1):
+                pass
+        except KeyboardInterrupt:
+            self._dll.cek_stop(1)  # the runtime stops before its next block
+            while not done.is_set():  # a block takes milliseconds; the lock is held until then
+                try:
+                    done.wait(0.1)
+                except KeyboardInterrupt:
+                    pass
+            raise
+        return result[0]
 
 
 _libraries: dict[str, Library] = {}

@@ -536,6 +536,10 @@ static void write_mxcsr(unsigned) {}
 static const unsigned kFlushBits = 0;
 #endif
 
+// Set from another thread (the Python caller on Ctrl-C): the launch stops before its next block.
+static volatile int g_stop;
+EXPORT void cek_stop(int stop) { __atomic_store_n(&g_stop, stop, __ATOMIC_RELAXED); }
+
 // Runs blocks first_block .. n_blocks - 1 (linear indices, x fastest): a test can run the last
 // rows of a problem whose arrays it fills only there.
 EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
@@ -578,6 +582,10 @@ EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
             c = next_random() % n;
         }
         for (unsigned long i = 0; i < n && !g_failed; ++i) {
+            if (__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+                fail(nullptr, 0, "launch interrupted after %lu of %lu blocks", i, n);
+                break;
+            }
             const unsigned long b =
                 schedule == REVERSE ? n - 1 - i
                 : schedule == RANDOM

@@ -32,7 +32,8 @@ OPTIONS = {
     "address": ("ASAN_OPTIONS", "halt_on_error=1:detect_leaks=0:detect_odr_violation=0"),
 }
 _REPORT = re.compile(r"(?:WARNING|ERROR): (?:ThreadSanitizer|AddressSanitizer): .*")
-_KERNEL_FRAME = re.compile(r"(/\S+\.(?:cu|cuh)):(\d+)")
+# A frame's source location: the whole path (absolute, or `kernels/...` as cek.sources writes it).
+_KERNEL_FRAME = re.compile(r"(?<!\S)(\S+\.(?:cu|cuh)):(\d+)")
 TIMEOUT_S = 600
 
 
