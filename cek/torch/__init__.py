@@ -98,9 +98,8 @@ def _check(input1, input2, target, margin, reduction):
     """Every check on tensors, before any work, and torch's promotion and broadcasting:
     (input1, input2, target, margin as float, reduction)."""
     for name, value in (("input1", input1), ("input2", input2)):
-        if value.dtype not in _FLOATS:
-            raise TypeError(
-                f"{name} must be float16, bfloat16, float32 or float64, got {value.dtype}")
+        if value.is_complex():
+            raise TypeError(f"{name} must have a real or bool dtype, got {value.dtype}")
     if target.is_complex():
         raise TypeError(f"target must have a real or bool dtype, got {target.dtype}")
     for name, value in (("input2", input2), ("target", target)):
@@ -126,7 +125,10 @@ def _check(input1, input2, target, margin, reduction):
         gpu.require_cupy()
         validate.check_gpu_problem(rows[0] if rows else 1, shape1[-1],
                                    CosineEmbeddingLossFused.max_block_size)
-    dtype = torch.promote_types(input1.dtype, input2.dtype)
+    # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype
+    # (the default dtype for an integer or bool input), and the cosine promotes the two.
+    dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
+                                  for t in (input1, input2)))
     input1, input2 = (t.to(dtype).expand(*rows, shape1[-1]) for t in (input1, input2))
     if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
         target = target.to(torch.uint8)
