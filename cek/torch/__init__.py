@@ -129,7 +129,12 @@ def _check(input1, input2, target, margin, reduction):
     # (the default dtype for an integer or bool input), and the cosine promotes the two.
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
-    input1, input2 = (t.to(dtype).expand(*rows, shape1[-1]) for t in (input1, input2))
+    shape = (*rows, shape1[-1])
+    input1, input2 = (_expanded(t.to(dtype), shape) for t in (input1, input2))
     if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
         target = target.to(torch.uint8)
-    return input1, input2, target.expand(rows), margin, reduction
+    return input1, input2, _expanded(target, rows), margin, reduction
+
+
+def _expanded(tensor, shape):
+    return tensor if tuple(tensor.shape) == tuple(shape) else tensor.expand(shape)

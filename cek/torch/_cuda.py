@@ -23,12 +23,13 @@ def _accumulation(dtype):
 
 
 def _rows(x1, x2, target):
-    """(x1, x2) as contiguous [N, D], labels as [N] exactly +-1 or 0 in the accumulation dtype
-    (a float64 label such as 1 + 1e-12 must not round to 1)."""
+    """(x1, x2) as contiguous [N, D], labels as [N] in the accumulation dtype. float64 labels
+    are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no label) into 1."""
     n, d = x1.shape if x1.dim() == 2 else (1, x1.shape[0])
-    acc = _accumulation(x1.dtype)
     y = target.reshape(n)
-    labels = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0)).to(acc)
+    if y.dtype == torch.float64:
+        y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
+    labels = y.to(_accumulation(x1.dtype)).contiguous()
     return x1.contiguous().view(n, d), x2.contiguous().view(n, d), labels
 
 
