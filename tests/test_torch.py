@@ -380,3 +380,62 @@ def test_cuda_side_stream_autocast_and_views():
         ct.cosine_embedding_loss(long_row, long_row, torch.ones(1, device="cuda"))
     with pytest.raises(TypeError, match="cuda"):
         ct.cosine_embedding_loss(x1, x2, y.cpu())
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_step_without_sync_and_in_a_cuda_graph():
+    """No host read in forward or backward (sync debug mode "error"), and a whole step
+    (forward, backward, optimizer) captured in a CUDA graph and replayed gives eager's weights."""
+    torch.manual_seed(23)
+    x1, x2, y = _inputs(n=32, d=64, dtype=torch.float32, seed=23, requires_grad=False)
+    x1, x2, y = x1.cuda(), x2.cuda(), y.cuda()
+    model = torch.nn.Linear(64, 64).cuda()
+    twin = torch.nn.Linear(64, 64).cuda()
+    twin.load_state_dict(model.state_dict())
+    loss_fn = ct.CosineEmbeddingLoss(margin=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+
+    def step(m, o):
+        o.zero_grad(set_to_none=False)
+        (3 * loss_fn(m(x1), m(x2), y)).backward()  # an upstream gradient other than 1
+        o.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compiles the kernels) off the capture
+        step(model, opt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(model, opt)
+    step(twin, twin_opt)  # eager: one step for the warm-up...
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(twin, twin_opt)  # ...and one for the captured step, with no sync allowed
+        step(twin, twin_opt)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph.replay()
+    graph.replay()  # warm-up, capture (not run) and two replays: three steps on `model`
+    torch.cuda.synchronize()
+    for got, want in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_opcheck_and_compile():
+    x1, x2, y = _inputs(n=16, d=40, dtype=torch.float32, seed=24)
+    x1, x2, y = (t.detach().cuda() for t in (x1, x2, y))
+    torch.library.opcheck(torch.ops.cek.cosine_embedding_loss.default, (x1, x2, y, 0.1, "none"))
+    torch.library.opcheck(torch.ops.cek.cosine_embedding_loss_backward.default,
+                          (torch.tensor(2.0, device="cuda"), x1, x2, y, 0.1, "mean"))
+    a1, a2 = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    b1, b2 = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    fn = torch.compile(ct.cosine_embedding_loss, fullgraph=True)
+    fn(a1, a2, y, 0.1).backward()
+    ct.cosine_embedding_loss(b1, b2, y, 0.1).backward()
+    torch.testing.assert_close(a1.grad, b1.grad)
+    torch.testing.assert_close(a2.grad, b2.grad)
