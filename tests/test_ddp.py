@@ -1,8 +1,7 @@
 """cek.torch.CosineEmbeddingLoss under DistributedDataParallel: two CPU processes (gloo, on
-127.0.0.1 only) each train on half the batch, and the weights must match one process training
-on the whole batch."""
-
-import socket
+the loopback interface only) each train on half the batch, and the weights must match one
+process training on the whole batch. The processes meet through a file, not a TCP port, so no
+port can be taken by another program between choosing it and binding it."""
 
 import pytest
 
@@ -39,9 +38,8 @@ def _train(model, rows=slice(None)):
     return model
 
 
-def _worker(rank, port, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)
+def _worker(rank, store, out):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         half = BATCH // WORLD
         model = torch.nn.parallel.DistributedDataParallel(_model())
@@ -52,15 +50,10 @@ def _worker(rank, port, out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_ddp_matches_single_process(tmp_path):
+def test_ddp_matches_single_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # gloo's own connections: loopback only
     out = tmp_path / "weights.pt"
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(out)), nprocs=WORLD, join=True)
     ddp = torch.load(out)
     single = _train(_model()).state_dict()
     assert not torch.equal(single["weight"], _model().weight)  # training moved the weights
