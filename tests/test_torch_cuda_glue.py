@@ -126,9 +126,12 @@ class CudaLike(torch.Tensor):
         return True
 
 
-def test_training_step_through_the_public_api(cuda):
+@pytest.mark.parametrize("route", ["eager", "custom op"])
+def test_training_step_through_the_public_api(cuda, monkeypatch, route):
     """One forward and one backward kernel per step, for any upstream gradient, with
-    retain_graph and two backward calls accumulating into .grad as torch does."""
+    retain_graph and two backward calls accumulating into .grad as torch does; through the
+    eager autograd.Function and through the custom ops (what compiled code runs)."""
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: route == "eager")
     x1, x2, y = _torch_inputs(N, 33, "f32", seed=9)
     c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
     cy = y.as_subclass(CudaLike)

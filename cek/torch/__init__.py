@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 from torch.autograd import forward_ad
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
 from cek import gpu, validate
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
@@ -84,7 +85,20 @@ def _apply(input1, input2, target, margin, reduction):
     if input1.shape[-1] == 0 or input1.device.type not in ("cpu", "cuda", "meta") or (
             not torch.compiler.is_compiling() and _transformed(input1, input2, target)):
         return _composite.loss(input1, input2, target, margin, reduction)
+    if _plain_eager(input1, input2, target):
+        return _ops.Eager.apply(input1, input2, target, margin, reduction)
     return _ops.loss_op(input1, input2, target, margin, reduction)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_eager(*tensors) -> bool:
+    """Plain CPU or CUDA tensors in eager mode, where the ops' dispatch is only a cost. Under
+    torch.compile, export, make_fx, fake or meta tensors and tensor subclasses the custom ops
+    run, so what traces sees is the op with its fake implementation."""
+    return (not torch.compiler.is_compiling() and _dispatch_mode() is None
+            and all(type(t) in _PLAIN and t.device.type != "meta" for t in tensors))
 
 
 def _transformed(*tensors) -> bool:
