@@ -158,3 +158,21 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
         ct.cosine_embedding_loss(c1, c2, cy)
     assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS[:1]
 
+
+def test_eager_route_on_plain_tensors(cuda, monkeypatch):
+    """The eager autograd.Function with the CUDA implementations on plain tensors that require
+    grad, as a user's CUDA leaves do (a subclass would not show that DLPack refuses them)."""
+    from cek.torch import _ops
+
+    monkeypatch.setattr(_ops, "loss", _cuda.forward)
+    monkeypatch.setattr(_ops, "backward", _cuda.backward)
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=10)
+    a1, a2 = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    b1, b2 = (t.double().requires_grad_() for t in (x1, x2))
+    (2 * ct.cosine_embedding_loss(a1, a2, y, 0.1)).backward()
+    (2 * torch.nn.functional.cosine_embedding_loss(b1, b2, y, 0.1)).backward()
+    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS
+    _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
+    for got, ref, size in zip((a1.grad, a2.grad), (b1.grad, b2.grad), sizes):
+        _close(got, ref, "f32", "grad", size)
+

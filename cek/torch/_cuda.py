@@ -26,7 +26,9 @@ def _rows(x1, x2, target):
     """(x1, x2) as contiguous [N, D], labels as [N] in the accumulation dtype. float64 labels
     are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no label) into 1."""
     n, d = x1.shape if x1.dim() == 2 else (1, x1.shape[0])
-    y = target.reshape(n)
+    # Detached: inside an autograd.Function's forward, views of an input still require grad,
+    # and DLPack refuses to export such a tensor.
+    x1, x2, y = x1.detach(), x2.detach(), target.detach().reshape(n)
     if y.dtype == torch.float64:
         y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
     labels = y.to(_accumulation(x1.dtype)).contiguous()
