@@ -107,7 +107,7 @@ class StandIn:
         c.from_dlpack = _on_device(np.from_dlpack)
         c.random = types.SimpleNamespace(default_rng=_Generator)
         c.cuda = types.SimpleNamespace(
-            Device=self._device_class(), ExternalStream=self._enter_stream,
+            Device=self._device_class(),
             Stream=types.SimpleNamespace(from_external=self._from_external),
             Event=lambda: types.SimpleNamespace(record=lambda stream=None: None),
             get_elapsed_time=self._elapsed_time,
