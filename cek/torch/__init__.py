@@ -128,11 +128,11 @@ def _check(input1, input2, target, margin, reduction):
     if shape1[-1] != shape2[-1]:  # torch would broadcast D too, but then each norm runs over
         raise ValueError(  # its own width: a different loss, not cek's (docs/torch.md)
             f"input1 and input2 must have the same width D, got {shape1} and {shape2}")
-    try:
-        rows = torch.broadcast_shapes(shape1[:-1], shape2[:-1], shape_t)
-    except RuntimeError:
+    counts = {shape1[0], shape2[0], shape_t[0]} - {1} if dims == 2 else set()
+    if len(counts) > 1:  # torch's broadcasting of the rows: each count is N or 1
         raise ValueError(f"the rows of input1 {shape1}, input2 {shape2} and target {shape_t} "
-                         f"do not broadcast") from None
+                         f"do not broadcast")
+    rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
     margin = validate.check_margin(margin)
     reduction = validate.check_reduction(reduction)
     if input1.is_cuda:
