@@ -106,7 +106,8 @@ def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream
     device = cupy.cuda.Device().id
     for spec, value in zip(kernel.args, cast):
         if spec.is_pointer and value is not None and value.device.id != device:
-            raise TypeError(f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
+            raise TypeError(
+                f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
     function = get_function(kernel, options)
     function(tuple(grid), tuple(block), raw_args(kernel, cast), shared_mem=shared_mem,
              stream=stream)

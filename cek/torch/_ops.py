@@ -45,7 +45,8 @@ def loss(x1, x2, target, margin, reduction):
     return torch.from_numpy(loss).to(x1.dtype)
 
 
-@torch.library.custom_op("cek::cosine_embedding_loss", mutates_args=(), device_types=("cpu", "cuda"))
+@torch.library.custom_op("cek::cosine_embedding_loss", mutates_args=(),
+                         device_types=("cpu", "cuda"))
 def loss_op(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float,
             reduction: str) -> torch.Tensor:
     return loss(x1, x2, target, margin, reduction)
