@@ -96,22 +96,28 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
     def launch(grid, block, args, *, shared_mem: int = 0, stream=None):
         cast = kernel.check_args(args, (cupy.ndarray,))
         kernel.check_launch(grid, block, *kernel.problem_size(cast))
-        device = cupy.cuda.Device().id
-        for spec, value in zip(kernel.args, cast):
-            if spec.is_pointer and value is not None and value.device.id != device:
-                raise TypeError(f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
-        # Looked up per launch (a dictionary hit): the current device may have changed.
-        function = get_function(kernel, options)
-        function(tuple(grid), tuple(block), raw_args(kernel, cast), shared_mem=shared_mem,
-                 stream=stream)
+        _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream)
 
     return launch
 
 
+def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream) -> None:
+    """Launch with args that passed kernel.check_args: the device check, then the function of
+    the current device, looked up per launch (a dictionary hit): the device may have changed."""
+    device = cupy.cuda.Device().id
+    for spec, value in zip(kernel.args, cast):
+        if spec.is_pointer and value is not None and value.device.id != device:
+            raise TypeError(
+                f"{spec.name} is on GPU {value.device.id}, not the current GPU {device}")
+    function = get_function(kernel, options)
+    function(tuple(grid), tuple(block), raw_args(kernel, cast), shared_mem=shared_mem,
+             stream=stream)
+
+
 def launch(kernel: Kernel, *args, stream=None) -> None:
-    """Check `args`, take the kernel's own launch configuration, and launch on `stream`
+    """Check `args` (once), take the kernel's own launch configuration, and launch on `stream`
     (default: CuPy's current stream)."""
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
     grid, block, shared_mem = kernel.launch_config(*kernel.problem_size(cast))
-    load(kernel)(grid, block, cast, shared_mem=shared_mem, stream=stream)
+    _launch_checked(cupy, kernel, COMMON_OPTIONS, grid, block, cast, shared_mem, stream)

@@ -179,14 +179,14 @@ class Kernel:
 
     @property
     def source(self) -> str:
-        return self.kernel_source + "\n\n" + self.entry_point_source
+        return _source(self)
 
     def entry_point_name(self) -> str:
         return f"{self.name}_entry_point"
 
     def cache_key(self) -> str:
         """Content hash of `source`: the documented `id()` method (Python cannot have both)."""
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return _cache_key(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.block_size}, {self.dtype!r})"
@@ -403,3 +403,15 @@ def kernel_classes() -> dict[str, type[Kernel]]:
     imports them all), kernels first, then the variants, each in the order they were defined."""
     ordered = sorted(_REGISTRY.items(), key=lambda item: item[1].twin is not None)
     return dict(ordered)
+
+
+# Memoized per kernel (equal kernels share them): the template is read once per process
+# (load_kernel_source), so neither can change, and a GPU launch asks for the key every time.
+@functools.lru_cache(maxsize=None)
+def _source(kernel: Kernel) -> str:
+    return kernel.kernel_source + "\n\n" + kernel.entry_point_source
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_key(kernel: Kernel) -> str:
+    return hashlib.sha256(_source(kernel).encode()).hexdigest()

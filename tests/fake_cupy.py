@@ -77,7 +77,7 @@ class Launch:
     kernel_id: str
     args: dict  # by the kernel's argument names
     device: int | None  # the current cupy.cuda.Device at the launch
-    stream: int | None  # the cupy.cuda.ExternalStream pointer current at it, or None
+    stream: int | None  # the external stream pointer current at it, or None
 
 
 class StandIn:
@@ -107,7 +107,8 @@ class StandIn:
         c.from_dlpack = _on_device(np.from_dlpack)
         c.random = types.SimpleNamespace(default_rng=_Generator)
         c.cuda = types.SimpleNamespace(
-            Device=self._device_class(), ExternalStream=self._enter_stream,
+            Device=self._device_class(),
+            Stream=types.SimpleNamespace(from_external=self._from_external),
             Event=lambda: types.SimpleNamespace(record=lambda stream=None: None),
             get_elapsed_time=self._elapsed_time,
             get_current_stream=lambda: types.SimpleNamespace(synchronize=self._synchronize),
@@ -143,6 +144,12 @@ class StandIn:
             yield
         finally:
             self.stream = outer
+
+    def _from_external(self, stream):
+        """cupy.cuda.Stream.from_external: any object of the CUDA stream protocol, whose
+        __cuda_stream__() gives (version, pointer); used as a context, as cek uses it."""
+        version, pointer = stream.__cuda_stream__()
+        return self._enter_stream(pointer)
 
     def _elapsed_time(self, start, end) -> float:
         self.elapsed_reads += 1

@@ -1,6 +1,7 @@
-"""The GPU glue without a GPU: cek.functional on CuPy arrays and cek.torch's CUDA helpers, with
+"""The GPU glue without a GPU: cek.functional on CuPy arrays, with
 NumPy standing in for CuPy and the CPU emulator (the real kernels) standing in for the device
-(tests/fake_cupy.py, shared with tests/test_bench.py).
+(tests/fake_cupy.py, shared with tests/test_bench.py); cek.torch's CUDA ops are tested the same
+way in tests/test_torch_cuda_glue.py, with this file's helpers.
 
 Launches go through cek.gpu.launch and cek.gpu.load themselves; only the compiled function
 (cek.gpu.get_function, NVRTC) is replaced by the emulator. So the stand-in proves what the glue
@@ -11,7 +12,6 @@ and its stream handshake, stream ordering, device memory, CuPy's own reductions 
 gpu tier of tests/test_functional.py and tests/test_torch.py does.
 """
 
-import types
 
 import numpy as np
 import pytest
@@ -256,164 +256,3 @@ def test_gpu_launch_checks_devices_and_passes_no_dy(standin):
     with standin.cupy.cuda.Device(1), pytest.raises(TypeError, match="not the current GPU 1"):
         gpu.launch(kernel, *args)
     assert len(standin.launches) == 1
-
-
-# -- cek.torch's CUDA helpers, called on CPU tensors --------------------------------------------
-
-STREAM = 0xC0FFEE  # the pointer torch.cuda.current_stream() gives in these tests
-
-
-@pytest.fixture
-def cuda(standin, monkeypatch):
-    """(torch, cek.torch) with torch.cuda.current_stream standing in."""
-    torch = pytest.importorskip("torch")
-    import cek.torch as ct
-
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device=None: types.SimpleNamespace(cuda_stream=STREAM))
-    return torch, ct
-
-
-TORCH_DTYPES = ["f32", "f16", "bf16", "f64"]
-
-
-def _torch_dtype(torch, dtype):
-    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-            "f64": torch.float64}[dtype]
-
-
-def _torch_inputs(torch, n, d, dtype, seed):
-    x1, x2, y = _inputs(n, d, np.float64, seed)
-    dt = _torch_dtype(torch, dtype)
-    return torch.from_numpy(x1).to(dt), torch.from_numpy(x2).to(dt), torch.from_numpy(y)
-
-
-def _bits(torch, tensor):
-    """The memory of a CPU tensor as NumPy (bfloat16 as its int16 bits)."""
-    return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
-
-
-@pytest.mark.parametrize("batched", [True, False])
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("dtype", TORCH_DTYPES)
-def test_torch_fused_and_backward_match_autograd(standin, cuda, dtype, reduction, batched):
-    torch, ct = cuda
-    x1, x2, y = _torch_inputs(torch, N, 33, dtype, seed=6)
-    if not batched:
-        x1, x2, y = x1[1], x2[1], y[1]
-    loss, dx1, dx2 = ct._cuda_fused(x1, x2, y, 0.1, reduction, True)
-
-    (launch,) = standin.launches
-    assert launch.kernel_id == f"cosine_embedding_loss_fused__{dtype}__64"
-    assert launch.stream == STREAM  # launched on torch's current stream
-    # The kernel of the dtype, reading the tensors' own memory and writing torch's buffers.
-    assert launch.args["x1"].dtype == (np.uint16 if dtype == "bf16" else _bits(torch, x1).dtype)
-    assert np.array_equal(launch.args["x1"].view(_bits(torch, x1).dtype),
-                          _bits(torch, x1.reshape(-1, 33)))
-    assert np.shares_memory(launch.args["dx1"], _bits(torch, dx1))
-    assert np.shares_memory(launch.args["dx2"], _bits(torch, dx2))
-
-    f1, f2 = (t.double().reshape(-1, 33).numpy() for t in (x1, x2))  # the rounded inputs
-    fy = y.double().reshape(-1).numpy()
-    a1, a2 = (torch.from_numpy(f.copy()).reshape(x1.shape).requires_grad_() for f in (f1, f2))
-    want = torch.nn.functional.cosine_embedding_loss(a1, a2, y.double(), 0.1, reduction=reduction)
-    assert loss.dtype == x1.dtype and loss.shape == want.shape
-    assert dx1.dtype == dx2.dtype == x1.dtype and dx1.shape == x1.shape
-    _close(loss.double(), want.detach(), dtype, "loss")
-
-    # grad_output 1: the saved gradients, as they are.
-    ctx = types.SimpleNamespace(saved_tensors=(dx1, dx2))
-    g1, g2 = ct._cuda_backward(ctx, torch.ones_like(loss))
-    assert g1 is dx1 and g2 is dx2
-    _, sizes = _expected(f1, f2, fy, 0.1, reduction, 1.0)
-    refs = torch.autograd.grad(want, (a1, a2), torch.ones_like(want), retain_graph=True)
-    for got, ref, size in zip((g1, g2), refs, sizes):
-        _close(got.double(), ref, dtype, "grad", size)
-
-    # Any other grad_output (per row for "none"): the saved gradients times it.
-    if reduction == "none":
-        w = torch.linspace(0.5, 2.0, N, dtype=torch.float64)[:want.numel()].reshape(want.shape)
-    else:
-        w = torch.tensor(3.0, dtype=torch.float64)
-    g1, g2 = ct._cuda_backward(ctx, w.to(x1.dtype))
-    _, sizes = _expected(f1, f2, fy, 0.1, reduction, w.numpy())
-    kind = "scaled" if dtype in ("f16", "bf16") else "grad"
-    for got, ref, size in zip((g1, g2), torch.autograd.grad(want, (a1, a2), w), sizes):
-        assert got.dtype == x1.dtype and got.shape == x1.shape
-        _close(got.double(), ref, dtype, kind, size)
-    assert len(standin.launches) == 1  # the backward launches nothing
-
-    # No gradients wanted: the forward kernel, and nothing kept.
-    standin.launches.clear()
-    loss2, n1, n2 = ct._cuda_fused(x1, x2, y, 0.1, reduction, False)
-    assert standin.ids() == [f"cosine_embedding_loss_forward_rows__{dtype}__64"]
-    assert n1 is None and n2 is None
-    _close(loss2.double(), want.detach(), dtype, "loss")
-
-
-@pytest.mark.parametrize("dtype", TORCH_DTYPES)
-@pytest.mark.parametrize("d", [256, 768, 20000])
-def test_torch_row_widths(standin, cuda, d, dtype):
-    torch, ct = cuda
-    x1, x2, y = _torch_inputs(torch, 3, d, dtype, seed=d)
-    loss, dx1, dx2 = ct._cuda_fused(x1, x2, y, -0.25, "mean", True)
-    assert standin.ids() == [f"cosine_embedding_loss_fused__{dtype}__{WIDTHS[d]}"]
-    f1, f2 = x1.double().numpy(), x2.double().numpy()
-    want, size = _expected(f1, f2, y.numpy(), -0.25, "mean", 1.0)
-    for g, w, s, kind in zip((loss, dx1, dx2), want, (1.0, *size), ("loss", "grad", "grad")):
-        _close(g.double(), w, dtype, kind, s)
-
-
-def test_torch_views_labels_and_no_rows(standin, cuda):
-    torch, ct = cuda
-    x1, x2, y = _torch_inputs(torch, N, 40, "f32", seed=7)
-    # Transposed inputs are copied to contiguous ones; labels of any dtype.
-    for target in (y, y.to(torch.int64), y.to(torch.bfloat16), y.to(torch.float16)):
-        loss, dx1, _ = ct._cuda_fused(x1.t().contiguous().t(), x2, target, 0.1, "none", True)
-        want, size = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "none", 1.0)
-        _close(loss, want[0], "f32", "loss")
-        _close(dx1, want[1], "f32", "grad", size[0])
-    # float64 labels of 1 + 1e-12 are no label of +-1, as on the CPU path.
-    near_one = torch.full((N,), 1 + 1e-12, dtype=torch.float64)
-    loss, dx1, _ = ct._cuda_fused(x1, x2, near_one, 0.0, "sum", True)
-    assert loss.item() == 0.0 and not dx1.any()
-    assert standin.launches[-1].args["y"].dtype == np.float32
-    # N = 0: no launch; the mean of no rows is NaN, their sum 0.
-    standin.launches.clear()
-    empty = torch.zeros(0, 5)
-    loss, dx1, dx2 = ct._cuda_fused(empty, empty, torch.zeros(0), 0.0, "mean", True)
-    assert torch.isnan(loss) and dx1.shape == dx2.shape == (0, 5)
-    loss, _, _ = ct._cuda_fused(empty, empty, torch.zeros(0), 0.0, "sum", False)
-    assert loss.item() == 0.0
-    loss, _, _ = ct._cuda_fused(empty, empty, torch.zeros(0), 0.0, "none", True)
-    assert loss.shape == (0,)
-    assert standin.launches == []
-
-
-def test_torch_autograd_function_cuda_branch(standin, cuda):
-    """cek.torch's public API on tensors that answer is_cuda (CPU tensors underneath, so only
-    this attribute differs): one fused launch per training step, none in the backward."""
-    torch, ct = cuda
-
-    class CudaLike(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
-    x1, x2, y = _torch_inputs(torch, N, 33, "f32", seed=9)
-    c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
-    cy = y.as_subclass(CudaLike)
-    for reduction, step in (("mean", lambda loss: loss), ("none", lambda loss: loss.mean())):
-        standin.launches.clear()
-        c1.grad = c2.grad = None
-        step(ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction)).backward()
-        assert standin.ids() == ["cosine_embedding_loss_fused__f32__64"]
-        a1, a2 = (t.double().requires_grad_() for t in (x1, x2))
-        torch.nn.functional.cosine_embedding_loss(a1, a2, y, 0.1).backward()
-        _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 1.0)
-        for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
-            _close(got.detach(), ref, "f32", "grad", size)
-    standin.launches.clear()
-    with torch.no_grad():
-        ct.cosine_embedding_loss(c1, c2, cy)
-    assert standin.ids() == ["cosine_embedding_loss_forward_rows__f32__64"]

@@ -1,0 +1,154 @@
+"""PyTorch front end: `cosine_embedding_loss` and `CosineEmbeddingLoss`, drop-in for torch's.
+
+Needs the optional extra `cek[torch]`; `import cek` does not import torch, only `import cek.torch`.
+
+The work runs in two custom ops (cek/torch/_ops.py), so torch.compile(fullgraph=True),
+torch.export and fake tensors see cek as one op each way. Inputs follow torch's rules: x1 and x2
+are promoted to their common float dtype (the loss comes back in it), integer and bool labels
+are taken as torch takes them, rows broadcast ((1, D) against (N, D), a (1,) target against N
+rows), and D = 0 gives torch's values.
+
+CUDA tensors go to the GPU kernels without a copy (DLPack), on the tensor's device and
+`torch.cuda.current_stream()` there. The forward launches the forward kernel (reads x1, x2) and
+keeps only the caller's tensors; the backward launches the backward kernel for the grad_output
+it is given (reads x1, x2, writes dx1, dx2), never reading a value back to the host. Every dtype
+has its own kernel: float16 and bfloat16 read half the bytes of float32, and all but float64
+accumulate in float32. Rows longer than 2**20 elements (`Kernel.max_block_size`) have no GPU
+kernel (ValueError).
+
+CPU tensors go through cek.functional's NumPy path: float16 and float32 are accumulated in
+float32, float64 in float64, bfloat16 (which NumPy lacks) is computed in float32 and cast back.
+
+With create_graph=True, under torch.func transforms (vmap, jvp, grad), inside a forward-mode AD
+dual level, for D = 0 and on devices other than CPU and CUDA, the same semantics run as torch
+operations (cek/torch/_composite.py), which autograd and the transforms can see through.
+
+Under torch.autocast, float16 and bfloat16 inputs are cast to float32 and the loss comes out
+float32, as torch's own autocast policy does for cosine_embedding_loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd import forward_ad
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+
+from cek import gpu, validate
+from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek.torch import _composite, _ops
+
+__all__ = ["CosineEmbeddingLoss", "cosine_embedding_loss"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                          reduction="mean"):
+    """torch.nn.functional.cosine_embedding_loss, computed by cek (see the module docstring)."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    for name, value in (("input1", input1), ("input2", input2), ("target", target)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    device_type = input1.device.type
+    autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
+    if autocast:
+        # torch's autocast runs this loss in float32 (and leaves float64 alone); casting each
+        # input on its own also accepts the mixed float32/bfloat16 pairs autocast produces.
+        input1, input2 = (t.float() if t.dtype in _HALVES else t for t in (input1, input2))
+    input1, input2, target, margin, reduction = _check(input1, input2, target, margin, reduction)
+    if autocast:
+        with torch.autocast(device_type=device_type, enabled=False):
+            return _apply(input1, input2, target, margin, reduction)
+    return _apply(input1, input2, target, margin, reduction)
+
+
+class CosineEmbeddingLoss(torch.nn.Module):
+    """torch.nn.CosineEmbeddingLoss, computed by cek."""
+
+    def __init__(self, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+        super().__init__()
+        if size_average is not None or reduce is not None:
+            reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+        self.margin = validate.check_margin(margin)
+        self.reduction = validate.check_reduction(reduction)
+
+    def forward(self, input1, input2, target):
+        return cosine_embedding_loss(input1, input2, target, self.margin, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, reduction={self.reduction!r}"
+
+
+def _apply(input1, input2, target, margin, reduction):
+    if input1.shape[-1] == 0 or input1.device.type not in ("cpu", "cuda", "meta") or (
+            not torch.compiler.is_compiling() and _transformed(input1, input2, target)):
+        return _composite.loss(input1, input2, target, margin, reduction)
+    if _plain_eager(input1, input2, target):
+        return _ops.Eager.apply(input1, input2, target, margin, reduction)
+    return _ops.loss_op(input1, input2, target, margin, reduction)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain_eager(*tensors) -> bool:
+    """Plain CPU or CUDA tensors in eager mode, where the ops' dispatch is only a cost. Under
+    torch.compile, export, make_fx, fake or meta tensors and tensor subclasses the custom ops
+    run, so what traces sees is the op with its fake implementation."""
+    return (not torch.compiler.is_compiling() and _dispatch_mode() is None
+            and all(type(t) in _PLAIN and t.device.type != "meta" for t in tensors))
+
+
+def _transformed(*tensors) -> bool:
+    """Inside torch.func transforms or a forward-mode dual level: the ops have no rules there."""
+    if forward_ad._current_level >= 0:
+        return True
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def _check(input1, input2, target, margin, reduction):
+    """Every check on tensors, before any work, and torch's promotion and broadcasting:
+    (input1, input2, target, margin as float, reduction)."""
+    for name, value in (("input1", input1), ("input2", input2)):
+        if value.is_complex():
+            raise TypeError(f"{name} must have a real or bool dtype, got {value.dtype}")
+    if target.is_complex():
+        raise TypeError(f"target must have a real or bool dtype, got {target.dtype}")
+    for name, value in (("input2", input2), ("target", target)):
+        if value.device != input1.device:
+            raise TypeError(f"{name} is on {value.device}, but input1 is on {input1.device}")
+    shape1, shape2, shape_t = tuple(input1.shape), tuple(input2.shape), tuple(target.shape)
+    dims = 2 if target.dim() == 1 else 1
+    if target.dim() > 1 or input1.dim() != dims or input2.dim() != dims:
+        raise ValueError(
+            f"input1 and input2 must be (N, D) with an (N,) target or (D,) with a 0-d target, "
+            f"got {input1.dim()} dims: {shape1}, {shape2} and target {shape_t}")
+    if shape1[-1] != shape2[-1]:  # torch would broadcast D too, but then each norm runs over
+        raise ValueError(  # its own width: a different loss, not cek's (docs/torch.md)
+            f"input1 and input2 must have the same width D, got {shape1} and {shape2}")
+    counts = {shape1[0], shape2[0], shape_t[0]} - {1} if dims == 2 else set()
+    if len(counts) > 1:  # torch's broadcasting of the rows: each count is N or 1
+        raise ValueError(f"the rows of input1 {shape1}, input2 {shape2} and target {shape_t} "
+                         f"do not broadcast")
+    rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
+    margin = validate.check_margin(margin)
+    reduction = validate.check_reduction(reduction)
+    if input1.is_cuda:
+        gpu.require_cupy()
+        validate.check_gpu_problem(rows[0] if rows else 1, shape1[-1],
+                                   CosineEmbeddingLossFused.max_block_size)
+    # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype
+    # (the default dtype for an integer or bool input), and the cosine promotes the two.
+    dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
+                                  for t in (input1, input2)))
+    shape = (*rows, shape1[-1])
+    input1, input2 = (_expanded(t.to(dtype), shape) for t in (input1, input2))
+    if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
+        target = target.to(torch.uint8)
+    return input1, input2, _expanded(target, rows), margin, reduction
+
+
+def _expanded(tensor, shape):
+    return tensor if tuple(tensor.shape) == tuple(shape) else tensor.expand(shape)

@@ -1,0 +1,136 @@
+"""cek's work as PyTorch custom ops (namespace `cek`): what torch.compile, torch.export, fake
+tensors and opcheck see. Inputs reach them already checked, promoted and broadcast by
+cek.torch: x1, x2 (N, D) or (D,) of one float dtype, target (N,) or () of a real dtype.
+
+- cek::cosine_embedding_loss(x1, x2, target, margin, reduction) -> loss
+- cek::cosine_embedding_loss_backward(grad, x1, x2, target, margin, reduction) -> (dx1, dx2)
+
+In eager mode cek.torch skips the dispatcher and calls the same implementations through
+`Eager`, an autograd.Function with the ops' autograd formula.
+
+The forward keeps x1, x2 and target (the caller's tensors: nothing new stays alive) and the
+backward runs cek's backward for the grad_output it is given, on the device: no value is read
+back to the host, so a step can be captured in a CUDA graph. With create_graph=True the
+backward is the composite torch formula instead, so it can itself be differentiated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cek import functional
+from cek.torch import _composite, _cuda
+
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def _numpy(tensor):
+    """A NumPy view of a CPU tensor (a float32 copy for bfloat16, which NumPy lacks)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.resolve_neg().resolve_conj().numpy()
+
+
+def _loss_shape(x1, reduction):
+    return x1.shape[:1] if x1.dim() == 2 and reduction == "none" else ()
+
+
+def loss(x1, x2, target, margin, reduction):
+    """The loss op's implementation on CPU and CUDA tensors."""
+    if x1.is_cuda:
+        return _cuda.forward(x1, x2, target, margin, reduction)
+    loss = functional.cosine_embedding_loss(
+        _numpy(x1), _numpy(x2), _numpy(target), margin, reduction)
+    return torch.from_numpy(loss).to(x1.dtype)
+
+
+@torch.library.custom_op("cek::cosine_embedding_loss", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def loss_op(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float,
+            reduction: str) -> torch.Tensor:
+    return loss(x1, x2, target, margin, reduction)
+
+
+@loss_op.register_fake
+def _(x1, x2, target, margin, reduction):
+    return x1.new_empty(_loss_shape(x1, reduction))
+
+
+def backward(grad, x1, x2, target, margin, reduction):
+    """The backward op's implementation on CPU and CUDA tensors."""
+    if x1.is_cuda:
+        return _cuda.backward(grad, x1, x2, target, margin, reduction)
+    dx1, dx2 = functional.cosine_embedding_loss_backward(
+        _numpy(grad), _numpy(x1), _numpy(x2), _numpy(target), margin, reduction)
+    return torch.from_numpy(dx1).to(x1.dtype), torch.from_numpy(dx2).to(x1.dtype)
+
+
+@torch.library.custom_op("cek::cosine_embedding_loss_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def backward_op(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor,
+                margin: float, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return backward(grad, x1, x2, target, margin, reduction)
+
+
+@backward_op.register_fake
+def _(grad, x1, x2, target, margin, reduction):
+    return torch.empty_like(x1), torch.empty_like(x1)
+
+
+def _setup_context(ctx, inputs, output):
+    x1, x2, target, margin, reduction = inputs
+    ctx.save_for_backward(x1, x2, target)
+    ctx.margin, ctx.reduction = margin, reduction
+
+
+def _backward(ctx, grad, run=backward_op):
+    x1, x2, target = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
+        dx1, dx2 = _composite.gradients(grad, x1, x2, target, ctx.margin, ctx.reduction)
+    else:
+        dx1, dx2 = run(grad.contiguous(), x1, x2, target, ctx.margin, ctx.reduction)
+    return (dx1 if ctx.needs_input_grad[0] else None,
+            dx2 if ctx.needs_input_grad[1] else None, None, None, None)
+
+
+loss_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class Eager(torch.autograd.Function):
+    """The loss op's autograd, calling the implementations directly: in eager mode the custom
+    op's dispatch alone cost 49 microseconds a call on a 2-core CPU (docs/torch.md), more than
+    a kernel launch. torch.compile and export see the ops (cek.torch picks)."""
+
+    # forward(ctx, ...) rather than setup_context: with setup_context, Function.apply binds
+    # the arguments through inspect.signature on every call (about 90 microseconds a step here).
+    @staticmethod
+    def forward(ctx, x1, x2, target, margin, reduction):
+        inputs = (x1, x2, target, margin, reduction)
+        _setup_context(ctx, inputs, None)
+        return loss(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _backward(ctx, grad, run=backward)
+
+
+def _setup_backward_context(ctx, inputs, output):
+    grad, x1, x2, target, margin, reduction = inputs
+    ctx.save_for_backward(grad, x1, x2, target)
+    ctx.margin, ctx.reduction = margin, reduction
+
+
+def _backward_of_backward(ctx, grad_dx1, grad_dx2):
+    """The backward op's own gradient, for callers that differentiate it directly (the loss
+    op's create_graph path does not come here): the composite gradient's vector-Jacobian
+    product in grad, x1 and x2."""
+    grad, x1, x2, target = ctx.saved_tensors
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (grad, x1, x2)]
+        dx = _composite.gradients(*leaves, target, ctx.margin, ctx.reduction)
+        result = torch.autograd.grad(dx, leaves, (grad_dx1, grad_dx2), allow_unused=True)
+    return (*result, None, None, None)
+
+
+backward_op.register_autograd(_backward_of_backward, setup_context=_setup_backward_context)

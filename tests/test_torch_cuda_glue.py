@@ -1,0 +1,178 @@
+"""cek.torch's CUDA ops without a GPU: CPU tensors through cek/torch/_cuda.py, with the CuPy
+stand-in and the emulator (tests/fake_cupy.py). It proves which kernel each op launches, on which
+stream, into which buffers, and what comes back; what only a driver does is the gpu tier's."""
+
+import types
+
+import numpy as np
+import pytest
+from test_gpu_glue import N, REDUCTIONS, WIDTHS, _close, _expected, _inputs, standin  # noqa: F401
+
+pytestmark = pytest.mark.emulator
+torch = pytest.importorskip("torch")
+import cek.torch as ct  # noqa: E402
+# The gpu tier's expected kernels, one list for both tiers: a change fails here, without a GPU.
+from test_torch import STEP_KERNELS  # noqa: E402
+from cek.torch import _cuda  # noqa: E402
+
+STREAM = 0xC0FFEE  # the pointer torch.cuda.current_stream() gives in these tests
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                "f64": torch.float64}
+
+
+class _Stream:
+    """torch.cuda.current_stream()'s answer: the CUDA stream protocol only."""
+
+    def __cuda_stream__(self):
+        return (0, STREAM)
+
+
+@pytest.fixture
+def cuda(standin, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    return standin
+
+
+def _torch_inputs(n, d, dtype, seed):
+    x1, x2, y = _inputs(n, d, np.float64, seed)
+    dt = TORCH_DTYPES[dtype]
+    return torch.from_numpy(x1).to(dt), torch.from_numpy(x2).to(dt), torch.from_numpy(y)
+
+
+def _bits(tensor):
+    """The memory of a CPU tensor as NumPy (bfloat16 as its int16 bits)."""
+    return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
+    x1, x2, y = _torch_inputs(N, 33, dtype, seed=6)
+    if not batched:
+        x1, x2, y = x1[1], x2[1], y[1]
+    loss = _cuda.forward(x1, x2, y, 0.1, reduction)
+    (launch,) = cuda.launches
+    assert launch.kernel_id == f"cosine_embedding_loss_forward_rows__{dtype}__64"
+    assert launch.stream == STREAM  # launched on torch's current stream
+    assert launch.args["x1"].dtype == (np.uint16 if dtype == "bf16" else _bits(x1).dtype)
+    assert np.shares_memory(launch.args["x1"], _bits(x1))  # no copy of a contiguous input
+
+    f1, f2 = (t.double().reshape(-1, 33).numpy() for t in (x1, x2))  # the rounded inputs
+    fy = y.double().reshape(-1).numpy()
+    a1, a2 = (torch.from_numpy(f.copy()).reshape(x1.shape).requires_grad_() for f in (f1, f2))
+    want = torch.nn.functional.cosine_embedding_loss(a1, a2, y.double(), 0.1, reduction=reduction)
+    assert loss.dtype == x1.dtype and loss.shape == want.shape
+    _close(loss.double(), want.detach(), dtype, "loss")
+
+    # The backward kernel for grad_output 1 and for any other (per row for "none").
+    w3 = (torch.linspace(0.5, 2.0, N, dtype=torch.float64)[:want.numel()].reshape(want.shape)
+          if reduction == "none" else torch.tensor(3.0, dtype=torch.float64))
+    for w in (torch.ones_like(want), w3):
+        cuda.launches.clear()
+        dx1, dx2 = _cuda.backward(w.to(x1.dtype), x1, x2, y, 0.1, reduction)
+        (launch,) = cuda.launches
+        assert launch.kernel_id == f"cosine_embedding_loss_backward_rows__{dtype}__64"
+        assert launch.stream == STREAM
+        assert np.shares_memory(launch.args["dx1"], _bits(dx1))  # torch's buffers, written
+        _, sizes = _expected(f1, f2, fy, 0.1, reduction, w.numpy())
+        refs = torch.autograd.grad(want, (a1, a2), w, retain_graph=True)
+        for got, ref, size in zip((dx1, dx2), refs, sizes):
+            assert got.dtype == x1.dtype and got.shape == x1.shape
+            _close(got.double(), ref, dtype, "grad", size)
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("d", [256, 768, 20000])
+def test_row_widths(cuda, d, dtype):
+    x1, x2, y = _torch_inputs(3, d, dtype, seed=d)
+    loss = _cuda.forward(x1, x2, y, -0.25, "mean")
+    dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
+    width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
+    ids = cuda.ids()
+    assert [i.split("__")[0] for i in ids] == STEP_KERNELS
+    assert width is None or all(i.endswith(f"__{width}") for i in ids)
+    f1, f2 = x1.double().numpy(), x2.double().numpy()
+    want, size = _expected(f1, f2, y.numpy(), -0.25, "mean", 1.0)
+    for g, w, s, kind in zip((loss, dx1, dx2), want, (1.0, *size), ("loss", "grad", "grad")):
+        _close(g.double(), w, dtype, kind, s)
+
+
+def test_views_labels_and_no_rows(cuda):
+    x1, x2, y = _torch_inputs(N, 40, "f32", seed=7)
+    for target in (y, y.to(torch.int64), y.to(torch.bfloat16), y.to(torch.float16)):
+        loss = _cuda.forward(x1.t().contiguous().t(), x2, target, 0.1, "none")
+        want, _ = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "none", 1.0)
+        _close(loss, want[0], "f32", "loss")
+    # float64 labels of 1 + 1e-12 are no label of +-1, as on the CPU path.
+    near_one = torch.full((N,), 1 + 1e-12, dtype=torch.float64)
+    assert _cuda.forward(x1, x2, near_one, 0.0, "sum").item() == 0.0
+    assert not _cuda.backward(torch.tensor(1.0), x1, x2, near_one, 0.0, "sum")[0].any()
+    assert cuda.launches[-1].args["y"].dtype == np.float32
+    cuda.launches.clear()  # N = 0: no launch; the mean of no rows is NaN, their sum 0
+    empty = torch.zeros(0, 5)
+    assert torch.isnan(_cuda.forward(empty, empty, torch.zeros(0), 0.0, "mean"))
+    assert _cuda.forward(empty, empty, torch.zeros(0), 0.0, "sum").item() == 0.0
+    assert _cuda.backward(torch.tensor(1.0), empty, empty, torch.zeros(0), 0.0, "sum")[0].shape \
+        == (0, 5)
+    assert cuda.launches == []
+
+
+class CudaLike(torch.Tensor):
+    """A CPU tensor that answers is_cuda: the public API takes its CUDA branch."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("route", ["eager", "custom op"])
+def test_training_step_through_the_public_api(cuda, monkeypatch, route):
+    """One forward and one backward kernel per step, for any upstream gradient, with
+    retain_graph and two backward calls accumulating into .grad as torch does; through the
+    eager autograd.Function and through the custom ops (what compiled code runs)."""
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: route == "eager")
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=9)
+    c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
+    cy = y.as_subclass(CudaLike)
+    a1, a2 = (t.double().requires_grad_() for t in (x1, x2))
+    # (reduction, the step, the upstream gradient of the mean or sum over both backward calls)
+    for reduction, step, total in (("mean", lambda loss: loss, ("mean", 2.0)),
+                                   ("none", lambda loss: loss.mean(), ("mean", 2.0)),
+                                   ("sum", lambda loss: 3 * loss, ("sum", 6.0))):
+        cuda.launches.clear()
+        c1.grad = c2.grad = a1.grad = a2.grad = None
+        loss = step(ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction))
+        want = step(torch.nn.functional.cosine_embedding_loss(a1, a2, y, 0.1,
+                                                              reduction=reduction))
+        loss.backward(retain_graph=True)
+        loss.backward()  # the second call adds to .grad: nothing handed out may be scaled
+        want.backward(retain_graph=True)
+        want.backward()
+        assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS + STEP_KERNELS[1:]
+        _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
+        for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
+            _close(got.detach(), ref, "f32", "grad", size)
+    cuda.launches.clear()
+    with torch.no_grad():
+        ct.cosine_embedding_loss(c1, c2, cy)
+    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS[:1]
+
+
+def test_eager_route_on_plain_tensors(cuda, monkeypatch):
+    """The eager autograd.Function with the CUDA implementations on plain tensors that require
+    grad, as a user's CUDA leaves do (a subclass would not show that DLPack refuses them)."""
+    from cek.torch import _ops
+
+    monkeypatch.setattr(_ops, "loss", _cuda.forward)
+    monkeypatch.setattr(_ops, "backward", _cuda.backward)
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=10)
+    a1, a2 = x1.clone().requires_grad_(), x2.clone().requires_grad_()
+    b1, b2 = (t.double().requires_grad_() for t in (x1, x2))
+    (2 * ct.cosine_embedding_loss(a1, a2, y, 0.1)).backward()
+    (2 * torch.nn.functional.cosine_embedding_loss(b1, b2, y, 0.1)).backward()
+    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS
+    _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
+    for got, ref, size in zip((a1.grad, a2.grad), (b1.grad, b2.grad), sizes):
+        _close(got, ref, "f32", "grad", size)
+
