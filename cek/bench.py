@@ -353,8 +353,11 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
               repeat: int, margin: float = 0.0, log=print, dtype: str = "f32",
               on_row=None) -> tuple[list[BenchRow], list[str]]:
     """Rows for every (kernel, provider) that passed its check, and the failures. Each row is
-    handed to on_row(row) as soon as it is timed, so a run cut short keeps what it timed; cek
-    runs first, so each baseline's row already has cek's speed-up over it."""
+    handed to on_row(row) as soon as it is timed, so a run cut short keeps what it timed, and
+    again, the same object, once the kernel's static figures are attached: they come after the
+    timings, so that nothing the static report does can cost a measured figure. cek runs first,
+    so each baseline's row already has cek's speed-up over it."""
+    on_row = on_row or (lambda row: None)
     bench = Bench(n_rows, n_dim, repeat, dtype)
     copy_gbs = bench.copy_bandwidth()
     log(f"copy bandwidth {copy_gbs:.0f} GB/s ({n_rows}x{n_dim} {dtype})")
@@ -364,9 +367,8 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
     for short in kernel_names:
         kernel = kernel_classes()[short].for_n_dim(n_dim, dtype)
         n_bytes = kernel.bytes_moved(n_rows, n_dim)
-        static = static_figures(kernel, n_rows, n_dim, arch, static_gpu)
         want, size = expected(kernel, bench, margin)  # once: the reference is the slow part
-        cek_ms = None
+        cek_ms, timed = None, []
         for provider, build in providers_for(bench, kernel, providers, margin).items():
             log(f"{kernel.id} {provider} {n_rows}x{n_dim}")
             start = clock.perf_counter()
@@ -380,12 +382,15 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
                 cek_ms = median
             speedup = None if cek_ms is None or provider == "cek" else median / cek_ms
             gbs = gb_per_s(n_bytes, median)
-            row = BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
-                           100 * gbs / copy_gbs, speedup, copy_gbs, first_s, static, name, vers,
-                           stamp)
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
+            timed.append(BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
+                                  100 * gbs / copy_gbs, speedup, copy_gbs, first_s, None, name,
+                                  vers, stamp))
+            on_row(timed[-1])
+        static = static_figures(kernel, n_rows, n_dim, arch, static_gpu) if timed else None
+        for row in timed:
+            row.static = static
+            on_row(row)
+        rows += timed
     return rows, failures
 
 

@@ -374,16 +374,18 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
     progress = (lambda m: click.echo(m, err=True)) if _stderr_is_terminal() else (lambda m: None)
     rows, failures = [], []
 
-    def on_row(row) -> None:
-        rows.append(bench.as_dicts([row])[0])
-        if as_json:  # a JSON array, one row a line, valid once the run ends
-            click.echo(("[" if len(rows) == 1 else ",") + json.dumps(rows[-1]))
-        else:
-            if len(rows) == 1:
-                click.echo(_bench_line(None))
-            click.echo(_bench_line(rows[-1]))
+    def on_row(row) -> None:  # a row just timed, or one whose static figures just came
+        if not any(row is r for r in rows):
+            rows.append(row)
+            shown = bench.as_dicts([row])[0]
+            if as_json:  # a JSON array, one row a line, valid once the run ends
+                click.echo(("[" if len(rows) == 1 else ",") + json.dumps(shown))
+            else:
+                if len(rows) == 1:
+                    click.echo(_bench_line(None))
+                click.echo(_bench_line(shown))
         if json_file is not None:
-            _write_atomically(json_file, json.dumps(rows, indent=2))
+            _write_atomically(json_file, json.dumps(bench.as_dicts(rows), indent=2))
 
     for dtype in dtype_names:
         for n_dim in dict.fromkeys(n_dims):  # a width given twice runs once
@@ -400,6 +402,7 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
     if plot_file is not None and rows:
         from cek.plot import plot_bandwidth
 
+        rows = bench.as_dicts(rows)
         if len(dtype_names) > 1:  # one line per (kernel, provider, dtype)
             rows = [{**r, "provider": f"{r['provider']} {r['dtype']}"} for r in rows]
         plot_bandwidth(rows, plot_file)

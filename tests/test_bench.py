@@ -357,14 +357,22 @@ def test_each_row_carries_the_static_report_of_its_kernel_and_shape(standin, mon
         return {"registers": len(calls)}
 
     _static_report(monkeypatch, static_row)
+    seen = []
     rows, _ = bench.run_bench(["forward", "fused"], 64, 8, ["cek", "cupy"], 50,
-                              log=lambda m: None, dtype="bf16")
+                              log=lambda m: None, dtype="bf16",
+                              on_row=lambda r: seen.append((r.kernel, r.provider, r.static)))
     # Once per kernel; the stand-in has no compute capability and is no A100/H100/H200.
     assert calls == [(kernel_classes()[k].for_n_dim(8, "bf16").id, 64, 8, "sm_90", None)
                      for k in ("forward", "fused")]
     assert [(r.kernel, r.provider, r.static) for r in rows] == [
         ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
         ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
+    # Each row handed over as soon as it is timed, then again with the figures of the static
+    # report, which comes after the kernel's timings so that it can cost none of them.
+    assert seen == [("forward", "cek", None), ("forward", "cupy", None),
+                    ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
+                    ("fused", "cek", None), ("fused", "cupy", None),
+                    ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
     assert capsys.readouterr().err == ""
 
     # Without the report module, or when it fails: None, said once on stderr, timed anyway.

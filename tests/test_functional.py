@@ -481,7 +481,8 @@ def test_import_cek_does_not_import_torch_or_cupy():
 # -- gpu tier: the CuPy path -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["stand-in", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
+@pytest.mark.parametrize("where", [
+    "stand-in", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
 def test_cupy_bad_labels_name_the_first_bad_row(monkeypatch, where):
     """On CuPy arrays as on NumPy ones; on the stand-in for CuPy in the cpu tier too, so that an
     expectation about the CuPy path is checked before it meets a GPU."""
