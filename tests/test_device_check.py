@@ -128,7 +128,9 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     assert {r["provider"] for r in rows if r["run"].startswith("cek_")} == {"cek"}
     slow = [r["first_call_s"] for r in rows if r["provider"] == "cupy"]
     assert slow and min(slow) >= SLOW_S
-    assert all(r["static"] == {"id": r["kernel"]} and r["copy_gb_per_s"] > 0 for r in rows)
+    # The static figures come after a kernel's timings: the killed step never got its own.
+    assert all(r["static"] == (None if r["run"] == "torch_compile" else {"id": r["kernel"]})
+               and r["copy_gb_per_s"] > 0 for r in rows)
 
     tables = (out / "tables.txt").read_text()
     assert tables.count("\nfused  ") >= sum(r["kernel"] == "fused" for r in rows)
