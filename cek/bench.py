@@ -319,10 +319,14 @@ def gpu_name(cupy) -> str:
 
 def static_target(cupy, name: str) -> tuple[str, str | None]:
     """(arch, gpu) for the static report: sm_XY from the device's compute capability ("sm_90"
-    when it has none to give), and a100/h100/h200 when the device name says so, else None."""
+    when it has none to give), and a100/h100/h200 when the device name says so, else None.
+    An H100 PCIe is none of them: it has 114 SMs where the report's H100 (SXM) has 132."""
     capability = getattr(cupy.cuda.Device(), "compute_capability", None)
     arch = f"sm_{capability}" if capability else "sm_90"
-    return arch, next((g for g in STATIC_GPUS if g in name.lower()), None)
+    name = name.lower()
+    if "h100" in name and "pcie" in name:
+        return arch, None
+    return arch, next((g for g in STATIC_GPUS if g in name), None)
 
 
 _said = set()  # what static_figures has said on stderr: each thing once

@@ -51,15 +51,19 @@ bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` step, its rows kept in 
 
 preflight() {  # what the steps need, each missing piece on a line starting MISSING
   echo "== nvidia-smi"
-  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm \
-      --format=csv || echo "MISSING nvidia-smi"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm \
+        --format=csv || nvidia-smi  # an older driver may not know a field
+  else
+    echo "MISSING nvidia-smi"
+  fi
   echo "== C compiler (torch.compile's generated code and Triton's launchers need one)"
   for cc in cc gcc g++; do
     "$cc" --version 2>/dev/null | head -1 || echo "MISSING $cc"
   done
   $PY - <<'PY'
 import importlib, importlib.metadata, json
-for name in ("cupy", "torch", "triton", "hypothesis", "matplotlib", "click", "numpy"):
+for name in ("cupy", "torch", "triton", "pytest", "hypothesis", "matplotlib", "click", "numpy"):
     try:
         module = importlib.import_module(name)
     except Exception as exc:

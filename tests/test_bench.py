@@ -79,6 +79,20 @@ def test_bench_bad_values_are_one_line_before_any_work(monkeypatch, args, messag
     assert line.startswith("cek bench: ") and message in line
 
 
+def test_bench_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_path):
+    import importlib.util
+
+    from cek import gpu
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--plot", str(tmp_path / "b.png")])
+    assert result.exit_code == 2
+    assert result.output == "cek bench: --plot needs matplotlib: pip install matplotlib\n"
+
+
 def test_bench_refuses_a_read_only_folder(monkeypatch, tmp_path):
     from cek import gpu
 
@@ -112,6 +126,7 @@ def test_auto_rows_is_the_library_rule():
     ("NVIDIA H200", "90", ("sm_90", "h200")),
     ("NVIDIA A100-SXM4-80GB", "80", ("sm_80", "a100")),
     ("NVIDIA H100 80GB HBM3", "90", ("sm_90", "h100")),
+    ("NVIDIA H100 PCIe", "90", ("sm_90", None)),  # 114 SMs, not the SXM's 132
     ("NVIDIA GeForce RTX 4090", "89", ("sm_89", None)),
     ("Something", None, ("sm_90", None)),
 ])
