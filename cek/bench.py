@@ -7,6 +7,12 @@ cache. Bandwidth is the kernel's own bytes formula (`Kernel.bytes_moved`, the sa
 provider: the useful traffic) over the median time, and is reported as a share of the device's
 copy bandwidth measured in the same run (a device-to-device copy, bytes read plus written).
 
+Rows. Each row is handed over the moment it is timed (the CLI prints it and rewrites its JSON
+file), so a run killed by a timeout keeps every figure it measured. A row also carries the copy
+bandwidth its percentage is of, the wall time of the provider's first, checked call (building
+it included: torch.compile's compile time), and the static report's figures for the kernel and
+shape (`cek.report.static_row`), attached after the kernel's timings.
+
 All providers run on CuPy's current stream, the legacy default stream that PyTorch's default
 stream also is, so the events bracket the torch work as well.
 
