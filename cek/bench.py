@@ -7,6 +7,12 @@ cache. Bandwidth is the kernel's own bytes formula (`Kernel.bytes_moved`, the sa
 provider: the useful traffic) over the median time, and is reported as a share of the device's
 copy bandwidth measured in the same run (a device-to-device copy, bytes read plus written).
 
+Rows. Each row is handed over the moment it is timed (the CLI prints it and rewrites its JSON
+file), so a run killed by a timeout keeps every figure it measured. A row also carries the copy
+bandwidth its percentage is of, the wall time of the provider's first, checked call (building
+it included: torch.compile's compile time), and the static report's figures for the kernel and
+shape (`cek.report.static_row`), attached after the kernel's timings.
+
 All providers run on CuPy's current stream, the legacy default stream that PyTorch's default
 stream also is, so the events bracket the torch work as well.
 
@@ -20,7 +26,10 @@ from __future__ import annotations
 
 import datetime
 import platform
+import sys
+import time as clock
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -36,6 +45,10 @@ CHECK_ROWS = 2048  # rows compared with the float64 reference before timing ...
 # and 2048 rows of 16384 take some 20 s per width there.
 CHECK_ELEMENTS = 1 << 21
 FLUSH_BYTES = 256 << 20  # > L2 of every current NVIDIA GPU (H100/H200: 50 MB)
+# `--n-rows auto`: N*D ~ 5e7 at every width and dtype (the same shapes): 200 MB per float32
+# input, 100 MB per bfloat16 one, far above L2.
+AUTO_ELEMENTS = 5e7
+STATIC_GPUS = ("a100", "h100", "h200")  # the GPUs the static report knows
 
 # PyTorch on float16/bfloat16 tensors rounds every intermediate to the storage type (the three
 # sums, their product, the cosine, each gradient term) where the kernel and the CuPy baseline,
@@ -64,9 +77,17 @@ class BenchRow:
     gb_per_s: float
     pct_of_copy: float
     speedup_of_cek: float | None
+    copy_gb_per_s: float  # the copy bandwidth of the same run, which pct_of_copy is a share of
+    first_call_s: float  # the checked first run, host wall clock: torch.compile's compile time
+    static: dict | None  # cek.report.static_row for this kernel and shape; None without it
     gpu: str
     versions: dict
     timestamp: str
+
+
+def auto_rows(n_dim: int) -> int:
+    """The row count of `--n-rows auto` at width n_dim."""
+    return max(1, round(AUTO_ELEMENTS / n_dim))
 
 
 def check_rows(n_rows: int, n_dim: int) -> int:
@@ -156,11 +177,14 @@ class Bench:
 
 
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
-    """Provider name -> (run, outputs): run() launches, outputs() gives name -> host array."""
+    """Provider name -> build: build() gives (run, outputs), run() launches, outputs() gives
+    name -> host array. Building is left to the caller, inside the guard that turns a
+    provider's failure into a reported one (building torch's backward graph runs
+    torch.compile, which can fail)."""
     kind = kernel.kind  # the *_rows variants have their twin's baselines
-    out = {"cek": _cek_provider(bench, kernel, margin)}
+    out = {"cek": partial(_cek_provider, bench, kernel, margin)}
     if "cupy" in wanted:
-        out["cupy"] = _cupy_provider(bench.cupy, bench, kind, margin)
+        out["cupy"] = partial(_cupy_provider, bench.cupy, bench, kind, margin)
     if set(TORCH_PROVIDERS) & set(wanted):
         try:
             import torch
@@ -169,7 +193,8 @@ def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float
         if torch is not None:
             for name in TORCH_PROVIDERS:
                 if name in wanted:
-                    out[name] = _torch_provider(torch, bench, kind, margin, name == "torch-compile")
+                    out[name] = partial(_torch_provider, torch, bench, kind, margin,
+                                        name == "torch-compile")
     return out
 
 
@@ -298,47 +323,99 @@ def gpu_name(cupy) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def static_target(cupy, name: str) -> tuple[str, str | None]:
+    """(arch, gpu) for the static report: sm_XY from the device's compute capability ("sm_90"
+    when it has none to give), and a100/h100/h200 when the device name says so, else None.
+    An H100 PCIe is none of them: it has 114 SMs where the report's H100 (SXM) has 132."""
+    capability = getattr(cupy.cuda.Device(), "compute_capability", None)
+    arch = f"sm_{capability}" if capability else "sm_90"
+    name = name.lower()
+    if "h100" in name and "pcie" in name:
+        return arch, None
+    return arch, next((g for g in STATIC_GPUS if g in name), None)
+
+
+_said = set()  # what static_figures has said on stderr: each thing once
+
+
+def static_figures(kernel: Kernel, n_rows: int, n_dim: int, arch: str, gpu: str | None):
+    """cek.report.static_row for the kernel and shape, or None when the report is missing or
+    fails (said once on stderr): a measurement must never be lost to it."""
+    try:
+        from cek.report import static_row
+    except ImportError as exc:
+        _say_once(f"no static report beside the timings: cek.report is missing ({exc})")
+        return None
+    try:
+        return static_row(kernel, n_rows, n_dim, arch=arch, gpu=gpu)
+    except Exception as exc:  # noqa: BLE001 - reported; the timing goes on without it
+        _say_once(f"no static report for {kernel.id}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(f"cek bench: {message}", file=sys.stderr)
+
+
 def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[str],
-              repeat: int, margin: float = 0.0, log=print,
-              dtype: str = "f32") -> tuple[list[BenchRow], list[str]]:
-    """Rows for every (kernel, provider) that passed its check, and the failures."""
+              repeat: int, margin: float = 0.0, log=print, dtype: str = "f32",
+              on_row=None) -> tuple[list[BenchRow], list[str]]:
+    """Rows for every (kernel, provider) that passed its check, and the failures. Each row is
+    handed to on_row(row) as soon as it is timed, so a run cut short keeps what it timed, and
+    again, the same object, once the kernel's static figures are attached: they come after the
+    timings, so that nothing the static report does can cost a measured figure. cek runs first,
+    so each baseline's row already has cek's speed-up over it."""
+    on_row = on_row or (lambda row: None)
     bench = Bench(n_rows, n_dim, repeat, dtype)
     copy_gbs = bench.copy_bandwidth()
     log(f"copy bandwidth {copy_gbs:.0f} GB/s ({n_rows}x{n_dim} {dtype})")
     name, stamp, vers = gpu_name(bench.cupy), datetime.datetime.now().isoformat(timespec="seconds"), versions()
+    arch, static_gpu = static_target(bench.cupy, name)
     rows, failures = [], []
     for short in kernel_names:
         kernel = kernel_classes()[short].for_n_dim(n_dim, dtype)
         n_bytes = kernel.bytes_moved(n_rows, n_dim)
         want, size = expected(kernel, bench, margin)  # once: the reference is the slow part
-        timed = {}
-        for provider, (run, outputs) in providers_for(bench, kernel, providers, margin).items():
+        cek_ms, timed = None, []
+        for provider, build in providers_for(bench, kernel, providers, margin).items():
             log(f"{kernel.id} {provider} {n_rows}x{n_dim}")
-            bad = _first_run(bench, provider, run, outputs, want, size)
+            start = clock.perf_counter()
+            run, bad = _first_run(bench, provider, build, want, size)
+            first_s = clock.perf_counter() - start
             if bad:
                 failures.append(f"{kernel.id} {provider} {n_rows}x{n_dim}: {bad}, not timed")
                 continue
-            timed[provider] = percentiles(bench.time(run))
-        cek_ms = timed.get("cek", (None,))[0]
-        for provider, (median, p20, p80) in timed.items():
+            median, p20, p80 = percentiles(bench.time(run))
+            if provider == "cek":
+                cek_ms = median
             speedup = None if cek_ms is None or provider == "cek" else median / cek_ms
             gbs = gb_per_s(n_bytes, median)
-            rows.append(BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
-                                 100 * gbs / copy_gbs, speedup, name, vers, stamp))
+            timed.append(BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
+                                  100 * gbs / copy_gbs, speedup, copy_gbs, first_s, None, name,
+                                  vers, stamp))
+            on_row(timed[-1])
+        static = static_figures(kernel, n_rows, n_dim, arch, static_gpu) if timed else None
+        for row in timed:
+            row.static = static
+            on_row(row)
+        rows += timed
     return rows, failures
 
 
-def _first_run(bench: Bench, provider: str, run, outputs, want: dict, size: dict) -> str:
-    """Why a provider must not be timed ("" when its first run is right). A baseline that
-    raises (torch.compile without a working compiler, say) is a failure of that provider
-    alone: the other numbers of the sweep still come out."""
+def _first_run(bench: Bench, provider: str, build, want: dict, size: dict):
+    """(run, why it must not be timed: "" when its first run is right). A baseline that fails
+    to build or raises (torch.compile without a working compiler, say) is a failure of that
+    provider alone: the other numbers of the sweep still come out."""
     try:
+        run, outputs = build()
         run()
         bench.cupy.cuda.get_current_stream().synchronize()
         bad = check_provider(provider, bench.dtype, outputs(), want, size)
     except Exception as exc:  # noqa: BLE001 - reported, with its type, as the failure
-        return f"raised {type(exc).__name__}: {exc}"
-    return f"wrong result: {bad[0]}" if bad else ""
+        return None, f"raised {type(exc).__name__}: {exc}"
+    return run, f"wrong result: {bad[0]}" if bad else ""
 
 
 def as_dicts(rows: list[BenchRow]) -> list[dict]:

@@ -6,9 +6,11 @@ Data goes to stdout, progress and diagnostics to stderr. Exit codes: 0 ok; 1 the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -301,19 +303,53 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
         sys.exit(1)
 
 
-def _n_rows(value: str, n_dim: int) -> int:
-    if value == "auto":
-        # N*D ~ 5e7 for every dtype (the same shapes): 200 MB per float32 input, 100 MB per
-        # bfloat16 one, far above L2.
-        return max(1, round(5e7 / n_dim))
-    return int(value)
-
-
 def _write_atomically(path: Path, text: str) -> None:
     """Write `text` to `path` so that a process killed meanwhile leaves the old file whole."""
     part = path.with_name(path.name + ".part")
     part.write_text(text)
     os.replace(part, path)
+
+
+def _bench_usage(message: str):
+    """A bad option value of cek bench: one line, exit 2, before any work."""
+    click.echo(f"cek bench: {message}", err=True)
+    sys.exit(2)
+
+
+def _check_writable(path: Path | None, option: str) -> None:
+    """Exit 2 unless a file can be created beside `path`: found after the run, it would cost
+    every result. A file is created and removed there (permission bits do not bind root)."""
+    if path is None:
+        return
+    if path.is_dir():
+        _bench_usage(f"{option} {path} is a folder")
+    try:
+        tempfile.TemporaryFile(dir=path.parent or ".").close()
+    except OSError as exc:
+        _bench_usage(f"{option} {path} cannot be written: {exc.strerror or exc}")
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+BENCH_COLUMNS = [("kernel", 13), ("provider", 13), ("dtype", 5), ("shape", 12), ("median_ms", 9),
+                 ("p20_ms", 9), ("p80_ms", 9), ("gb_per_s", 8), ("pct_of_copy", 11),
+                 ("cek_speedup", 11), ("first_s", 7)]
+
+
+def _bench_line(row: dict | None) -> str:
+    """One line of the bench table (the header for None), in fixed columns so that each row
+    can be printed the moment it is timed."""
+    if row is None:
+        cells = [name for name, _ in BENCH_COLUMNS]
+    else:
+        speedup = row["speedup_of_cek"]
+        cells = [row["kernel"], row["provider"], row["dtype"], f"{row['n_rows']}x{row['n_dim']}",
+                 *(f"{row[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")),
+                 f"{row['gb_per_s']:.0f}", f"{row['pct_of_copy']:.1f}",
+                 "" if speedup is None else f"{speedup:.2f}x", f"{row['first_call_s']:.1f}"]
+    return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, BENCH_COLUMNS)).rstrip()
 
 
 @main.command("bench")
@@ -331,68 +367,89 @@ def _write_atomically(path: Path, text: str) -> None:
 @click.option("--repeat", type=click.IntRange(50, None), default=100, show_default=True,
               help="Timed repetitions (at least 50).")
 @click.option("--margin", type=float, default=0.0, show_default=True)
-@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the rows as JSON here.")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the rows as a JSON array instead of a table.")
+@click.option("--json-file", type=click.Path(path_type=Path),
+              help="Write the rows as a JSON array here, rewritten after every row.")
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path),
               help="Write a PNG of GB/s against D per provider (needs matplotlib).")
-def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, margin, json_file,
-                  plot_file) -> None:
+def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, margin, as_json,
+                  json_file, plot_file) -> None:
     """Time kernels against plain CuPy, PyTorch eager and torch.compile on the GPU.
 
     Each provider is checked against the float64 reference first; a wrong one is not timed.
     Reports median/p20/p80 ms, GB/s from the kernel's bytes formula, % of the copy bandwidth
-    measured in the same run, and cek's speed-up over each baseline. With --dtype f16 or bf16,
-    CuPy computes in float32 (casts timed) and PyTorch in the dtype itself.
+    measured in the same run, cek's speed-up over each baseline, and the first (checked) call's
+    seconds: torch.compile's compile time. With --dtype f16 or bf16, CuPy computes in float32
+    (casts timed) and PyTorch in the dtype itself. Each row is printed, and --json-file
+    rewritten, as soon as it is timed. Needs a GPU: exits 1 without one.
 
     \b
     Examples:
       cek bench --n-dim 768
-      cek bench --n-dim 128 --n-dim 768 --n-dim 4096 --n-rows auto --kernel all --json out.json
-      cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch
+      cek bench --n-dim 128 --n-dim 768 --n-dim 4096 --n-rows auto --kernel all --json-file out.json
+      cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch --json
     """
-    from cek import bench, gpu
+    from cek import bench, gpu, validate
 
     baselines = [] if baseline == "none" else [b.strip() for b in baseline.split(",") if b.strip()]
     unknown = sorted(set(baselines) - set(bench.PROVIDERS[1:]))
     if unknown:
-        raise click.UsageError(f"unknown baseline {unknown[0]!r}; choose from cupy, torch, torch-compile")
-    if n_rows != "auto" and (not n_rows.isdigit() or int(n_rows) < 1):
-        raise click.UsageError(f"--n-rows must be a positive integer or 'auto', got {n_rows!r}")
+        _bench_usage(f"unknown baseline {unknown[0]!r}; choose from cupy, torch, torch-compile")
+    if n_rows != "auto" and (not n_rows.isdigit() or not 1 <= int(n_rows) < 2**31):
+        _bench_usage(f"--n-rows must be a positive integer below 2**31 or 'auto', got {n_rows!r}")
+    try:
+        validate.check_margin(margin)
+    except ValueError as exc:
+        _bench_usage(f"--margin: {exc}")
+    _check_writable(json_file, "--json-file")
+    _check_writable(plot_file, "--plot")
+    if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
+        _bench_usage("--plot needs matplotlib: pip install matplotlib")
     if gpu.device_count() == 0:
-        click.echo("cek bench: no CUDA device; `cek check --device cpu` and `cek compile` work "
-                   "without one", err=True)
-        sys.exit(2)
+        click.echo("cek bench: no CUDA device, and bench times GPU kernels only; "
+                   "`cek check --device cpu` and `cek compile` work without one", err=True)
+        sys.exit(1)
     if {"torch", "torch-compile"} & set(baselines) and not _have_torch():
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)
     kernels = _chosen(kernel_names, KERNEL_NAMES)
     dtype_names = _chosen(dtype_names, DTYPE_NAMES)
+    progress = (lambda m: click.echo(m, err=True)) if _stderr_is_terminal() else (lambda m: None)
     rows, failures = [], []
+
+    def on_row(row) -> None:  # a row just timed, or one whose static figures just came
+        if not any(row is r for r in rows):
+            rows.append(row)
+            shown = bench.as_dicts([row])[0]
+            if as_json:  # a JSON array, one row a line, valid once the run ends
+                click.echo(("[" if len(rows) == 1 else ",") + json.dumps(shown))
+            else:
+                if len(rows) == 1:
+                    click.echo(_bench_line(None))
+                click.echo(_bench_line(shown))
+        if json_file is not None:
+            _write_atomically(json_file, json.dumps(bench.as_dicts(rows), indent=2))
+
     for dtype in dtype_names:
-        for n_dim in n_dims:
-            got, bad = bench.run_bench(kernels, _n_rows(n_rows, n_dim), n_dim, ["cek", *baselines],
-                                       repeat, margin, log=lambda m: click.echo(m, err=True),
-                                       dtype=dtype)
-            rows += bench.as_dicts(got)
+        for n_dim in dict.fromkeys(n_dims):  # a width given twice runs once
+            count = bench.auto_rows(n_dim) if n_rows == "auto" else int(n_rows)
+            _, bad = bench.run_bench(kernels, count, n_dim, ["cek", *baselines], repeat, margin,
+                                     log=progress, dtype=dtype, on_row=on_row)
+            for failure in bad:
+                click.echo(f"FAIL {failure}", err=True)
             failures += bad
-            if json_file is not None:  # after every width: a sweep cut short keeps what it timed
-                _write_atomically(json_file, json.dumps(rows, indent=2))
-    shown = [{**r, "cek_speedup": "" if r["speedup_of_cek"] is None else f"{r['speedup_of_cek']:.2f}x",
-              "shape": f"{r['n_rows']}x{r['n_dim']}"} for r in rows]
-    if shown:  # every provider may have failed its check
-        click.echo(_table([{**r, **{k: f"{r[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")},
-                            "gb_per_s": f"{r['gb_per_s']:.0f}",
-                            "pct_of_copy": f"{r['pct_of_copy']:.1f}"} for r in shown],
-                          ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms", "p80_ms",
-                           "gb_per_s", "pct_of_copy", "cek_speedup"]))
-    if plot_file is not None:
+    if as_json:
+        click.echo("]" if rows else "[]")
+    if json_file is not None and not rows:
+        _write_atomically(json_file, "[]")
+    if plot_file is not None and rows:
         from cek.plot import plot_bandwidth
 
+        rows = bench.as_dicts(rows)
         if len(dtype_names) > 1:  # one line per (kernel, provider, dtype)
             rows = [{**r, "provider": f"{r['provider']} {r['dtype']}"} for r in rows]
         plot_bandwidth(rows, plot_file)
-    for failure in failures:
-        click.echo(f"FAIL {failure}", err=True)
     if failures:
         sys.exit(1)
 

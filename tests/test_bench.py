@@ -4,6 +4,8 @@ for CuPy (tests/fake_cupy.py) with the emulator as the GPU; a small real run in 
 import dataclasses
 import datetime
 import json
+import sys
+import types
 
 import fake_cupy
 import numpy as np
@@ -42,25 +44,96 @@ def test_cupy_baseline_math_matches_the_reference_on_numpy(margin, scale):
     assert not failures
 
 
-def test_bench_without_a_gpu_exits_2_with_one_line(monkeypatch):
+def test_bench_without_a_gpu_exits_1_with_one_line(monkeypatch):
+    # Exit 1: "no device for a GPU-only command", as `cek --help` states.
     from cek import gpu
 
     monkeypatch.setattr(gpu, "device_count", lambda: 0)
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
-        "cek bench: no CUDA device; `cek check --device cpu` and `cek compile` work without one"]
+        "cek bench: no CUDA device, and bench times GPU kernels only; `cek check --device cpu` "
+        "and `cek compile` work without one"]
+    assert "no device for a GPU-only command" in " ".join(
+        CliRunner().invoke(main, ["--help"]).output.split())
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--baseline", "numba"], "unknown baseline 'numba'"),
-    (["--n-rows", "-3"], "--n-rows must be a positive integer or 'auto'"),
+    (["--baseline", "numba"], "unknown baseline 'numba'; choose from cupy, torch, torch-compile"),
+    (["--n-rows", "-3"], "--n-rows must be a positive integer below 2**31 or 'auto', got '-3'"),
+    (["--n-rows", str(2**31)], f"got '{2**31}'"),
+    (["--margin", "nan"], "--margin: margin must be finite, got nan"),
+    (["--margin", "-inf"], "margin must be finite, got -inf"),
+    (["--json-file", "no/such/folder/b.json"], "--json-file no/such/folder/b.json cannot be "
+                                              "written: No such file or directory"),
+    (["--plot", "."], "--plot . is a folder"),
+])
+def test_bench_bad_values_are_one_line_before_any_work(monkeypatch, args, message):
+    # The device is asked after the options: a bad value must not wait for (or need) a GPU.
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "768", *args])
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert line.startswith("cek bench: ") and message in line
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_path):
+    import importlib.util
+
+    from cek import gpu
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--plot", str(tmp_path / "b.png")])
+    assert result.exit_code == 2
+    assert result.output == "cek bench: --plot needs matplotlib: pip install matplotlib\n"
+
+
+def test_bench_refuses_a_read_only_folder(monkeypatch, tmp_path):
+    from cek import gpu
+
+    def unwritable(*args, **kwargs):  # as a read-only folder answers, even for root
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    monkeypatch.setattr("tempfile.TemporaryFile", unwritable)
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--json-file",
+                                       str(tmp_path / "b.json")])
+    assert result.exit_code == 2
+    assert result.output == f"cek bench: --json-file {tmp_path / 'b.json'} cannot be written: " \
+                            "Permission denied\n"
+
+
+@pytest.mark.parametrize("args, message", [
     (["--repeat", "10"], "10 is not in the range x>=50"),
     (["--dtype", "bf8"], "Invalid value for '--dtype'"),
 ])
 def test_bench_usage_errors(args, message):
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768", *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_auto_rows_is_the_library_rule():
+    assert bench.auto_rows(768) == 65104 and bench.auto_rows(128) == 390625
+    assert bench.auto_rows(1 << 20) == 48 and bench.auto_rows(10**9) == 1
+
+
+@pytest.mark.parametrize("name, capability, want", [
+    ("NVIDIA H200", "90", ("sm_90", "h200")),
+    ("NVIDIA A100-SXM4-80GB", "80", ("sm_80", "a100")),
+    ("NVIDIA H100 80GB HBM3", "90", ("sm_90", "h100")),
+    ("NVIDIA H100 PCIe", "90", ("sm_90", None)),  # 114 SMs, not the SXM's 132
+    ("NVIDIA GeForce RTX 4090", "89", ("sm_89", None)),
+    ("Something", None, ("sm_90", None)),
+])
+def test_static_target_from_the_device(name, capability, want):
+    device = type("Device", (), {} if capability is None else {"compute_capability": capability})
+    cupy = type("cupy", (), {"cuda": type("cuda", (), {"Device": device})})
+    assert bench.static_target(cupy, name) == want
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -79,7 +152,7 @@ def test_bench_runs_checks_and_writes_json(tmp_path):
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768", "--n-rows", "4096",
                                        "--kernel", "all", "--dtype", "f32", "--dtype", "bf16",
                                        "--baseline", "cupy,torch", "--repeat", "50",
-                                       "--json", str(out)])
+                                       "--json-file", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
     assert {r["provider"] for r in rows} >= {"cek", "cupy"}
@@ -105,7 +178,19 @@ def standin(monkeypatch):
     s = fake_cupy.install(monkeypatch)
     monkeypatch.setattr(bench, "FLUSH_BYTES", 4)
     monkeypatch.setattr(bench, "CHECK_ROWS", 6)
+    _static_report(monkeypatch, lambda kernel, n_rows, n_dim, *, arch, gpu: {"id": kernel.id})
     return s
+
+
+def _static_report(monkeypatch, static_row):
+    """A stand-in cek.report with this static_row (the real one compiles every kernel), or
+    none at all for None."""
+    module = None
+    if static_row is not None:
+        module = types.ModuleType("cek.report")
+        module.static_row = static_row
+    monkeypatch.setitem(sys.modules, "cek.report", module)
+    monkeypatch.setattr(bench, "_said", set())
 
 
 def _short(failure: str) -> tuple[str, str]:
@@ -174,7 +259,7 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = CliRunner().invoke(main, [
         "bench", "--n-dim", "8", "--n-rows", "64", "--kernel", "all", "--dtype", "f32",
-        "--dtype", "bf16", "--baseline", "cupy,torch", "--repeat", "50", "--json", str(out),
+        "--dtype", "bf16", "--baseline", "cupy,torch", "--repeat", "50", "--json-file", str(out),
         "--plot", str(png)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
@@ -187,12 +272,12 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
         assert (r["n_rows"], r["n_dim"], r["gpu"]) == (64, 8, fake_cupy.NAME)
     table = result.stdout.splitlines()
     assert table[0].split() == ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms",
-                                "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup"]
+                                "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup", "first_s"]
     assert len(table) == 1 + len(rows)
     # fused bf16: 4*2*64*8 + 2*4*64 bytes over a copy of 2*2*64*8*2: 112.5% (the per-row
-    # arrays count at this size).
+    # arrays count at this size). The last column is a wall-clock time.
     assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "112.5",
-            "1.00x"] in [line.split() for line in table]
+            "1.00x"] in [line.split()[:-1] for line in table]
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -225,7 +310,7 @@ def test_a_wrong_provider_is_reported_and_not_timed(standin, monkeypatch, tmp_pa
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
                                        "forward", "--baseline", "cupy", "--repeat", "50",
-                                       "--json", str(out)])
+                                       "--json-file", str(out)])
     assert result.exit_code == 1
     assert "FAIL cosine_embedding_loss_forward__f32__8 cupy 64x8: wrong result: out[" in \
         result.stderr
@@ -257,20 +342,125 @@ def test_nothing_timed_and_a_raising_baseline_still_report(standin, monkeypatch)
     assert [r.provider for r in rows] == ["cek"]
 
 
-def test_a_sweep_cut_short_keeps_the_widths_it_timed(monkeypatch, tmp_path):
+@pytest.mark.emulator
+def test_a_failing_torch_compile_costs_only_its_own_rows(standin, monkeypatch):
+    """torch.compile failing (no C compiler, say) where the backward graph is built: a reported
+    failure of that provider, not the end of the width."""
+    import torch
+
+    def broken_compile(fn, **kwargs):
+        def compiled(*args, **kwargs):
+            raise RuntimeError("planted: no working C compiler")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    rows, failures = bench.run_bench(["backward", "fused"], 64, 8, ["cek", "torch-compile"], 50,
+                                     log=lambda m: None)
+    assert [(r.kernel, r.provider) for r in rows] == [("backward", "cek"), ("fused", "cek")]
+    assert [_short(f) for f in failures] == [("backward", "torch-compile"),
+                                             ("fused", "torch-compile")]
+    assert all("raised RuntimeError: planted: no working C compiler, not timed" in f
+               for f in failures)
+
+
+@pytest.mark.emulator
+def test_each_row_carries_the_static_report_of_its_kernel_and_shape(standin, monkeypatch, capsys):
+    calls = []
+
+    def static_row(kernel, n_rows, n_dim, *, arch, gpu):
+        calls.append((kernel.id, n_rows, n_dim, arch, gpu))
+        return {"registers": len(calls)}
+
+    _static_report(monkeypatch, static_row)
+    seen = []
+    rows, _ = bench.run_bench(["forward", "fused"], 64, 8, ["cek", "cupy"], 50,
+                              log=lambda m: None, dtype="bf16",
+                              on_row=lambda r: seen.append((r.kernel, r.provider, r.static)))
+    # Once per kernel; the stand-in has no compute capability and is no A100/H100/H200.
+    assert calls == [(kernel_classes()[k].for_n_dim(8, "bf16").id, 64, 8, "sm_90", None)
+                     for k in ("forward", "fused")]
+    assert [(r.kernel, r.provider, r.static) for r in rows] == [
+        ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
+        ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
+    # Each row handed over as soon as it is timed, then again with the figures of the static
+    # report, which comes after the kernel's timings so that it can cost none of them.
+    assert seen == [("forward", "cek", None), ("forward", "cupy", None),
+                    ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
+                    ("fused", "cek", None), ("fused", "cupy", None),
+                    ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
+    assert capsys.readouterr().err == ""
+
+    # Without the report module, or when it fails: None, said once on stderr, timed anyway.
+    for static_row, said in ((None, "cek.report is missing"),
+                             (lambda *a, **k: 1 / 0, "ZeroDivisionError")):
+        _static_report(monkeypatch, static_row)
+        rows, _ = bench.run_bench(["forward"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None)
+        assert [(r.provider, r.static) for r in rows] == [("cek", None), ("cupy", None)]
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("cek bench: no static report") and said in line
+
+
+def _row(n_dim: int, provider: str = "cek") -> bench.BenchRow:
+    return bench.BenchRow("fused", provider, "f32", 64, n_dim, 1.0, 0.9, 1.1, 100.0, 50.0, None,
+                          200.0, 0.5, None, "test", {}, "now")
+
+
+def test_a_sweep_cut_short_keeps_every_row_it_timed(monkeypatch, tmp_path):
+    """Rows are written (and printed) one by one: a run ended inside a width, as a timeout's
+    signal would end it, keeps the rows timed before, that width's included."""
     from cek import gpu
 
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype):
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
+        on_row(_row(n_dim))
         if n_dim == 768:
-            raise KeyboardInterrupt  # as a timeout's signal would end the process here
-        row = bench.BenchRow("fused", "cek", dtype, n_rows, n_dim, 1.0, 0.9, 1.1, 100.0, 50.0,
-                             None, "test", {}, "now")
-        return [row], []
+            raise KeyboardInterrupt  # the torch baseline hangs after cek's row
+        on_row(_row(n_dim, "torch"))
+        return [], []
 
     monkeypatch.setattr(gpu, "device_count", lambda: 1)
     monkeypatch.setattr(bench, "run_bench", run_bench)
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(main, ["bench", "--n-dim", "128", "--n-dim", "768", "--json",
-                                       str(out), "--baseline", "none"])
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "128", "--n-dim", "768",
+                                       "--json-file", str(out), "--baseline", "torch"])
     assert result.exit_code != 0
-    assert [r["n_dim"] for r in json.loads(out.read_text())] == [128]
+    assert [(r["n_dim"], r["provider"]) for r in json.loads(out.read_text())] == [
+        (128, "cek"), (128, "torch"), (768, "cek")]
+    assert [line.split()[:2] for line in result.stdout.splitlines()] == [
+        ["kernel", "provider"], ["fused", "cek"], ["fused", "torch"], ["fused", "cek"]]
+
+
+def test_json_flag_prints_an_array_and_widths_run_once(monkeypatch, tmp_path):
+    from cek import gpu
+
+    widths = []
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
+        widths.append(n_dim)
+        on_row(_row(n_dim))
+        return [], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-dim", "16", "--n-dim", "8",
+                                       "--json", "--json-file", str(out)])
+    assert result.exit_code == 0, result.output
+    assert widths == [8, 16]
+    assert json.loads(result.stdout) == json.loads(out.read_text())
+    assert [r["n_dim"] for r in json.loads(result.stdout)] == [8, 16]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_only_on_a_terminal(monkeypatch, terminal):
+    from cek import cli, gpu
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
+        log(f"timing {n_dim}")
+        return [], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: terminal)
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--baseline", "none"])
+    assert result.exit_code == 0
+    assert result.stderr == ("timing 8\n" if terminal else "")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 
+import fake_cupy
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -456,6 +457,23 @@ def test_import_cek_does_not_import_torch_or_cupy():
 # -- gpu tier: the CuPy path -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("where", [
+    "stand-in", pytest.param("gpu", marks=[pytest.mark.gpu, needs_gpu])])
+def test_cupy_bad_labels_name_the_first_bad_row(monkeypatch, where):
+    """On CuPy arrays as on NumPy ones; on the stand-in for CuPy in the cpu tier too, so that an
+    expectation about the CuPy path is checked before it meets a GPU."""
+    cupy = fake_cupy.install(monkeypatch).cupy if where == "stand-in" else gpu.require_cupy()
+    x1, x2, y = _inputs(7, 66, np.float32)
+    c1, c2, cy = (cupy.asarray(a) for a in (x1, x2, y))
+    # The labels cycle 1, -1, 0, 2: row 2 is the first that is not +-1.
+    with pytest.raises(ValueError, match=r"^target\[2\] = 0\.0: "):
+        F.cosine_embedding_loss(c1, c2, cy, validate_target=True)
+    bad = cupy.where(cy == -1, -1.0, 1.0).astype(cupy.float32)
+    bad[3] = 2
+    with pytest.raises(ValueError, match=r"^target\[3\] = 2\.0: "):
+        F.cosine_embedding_loss(c1, c2, bad, validate_target=True)
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -516,10 +534,6 @@ def test_cupy_edge_cases():
         F.cosine_embedding_loss(long_row, long_row, cupy.ones(1, cupy.float32))
     with pytest.raises(TypeError, match="cupy"):
         F.cosine_embedding_loss(x1, c2, cy)
-    bad = cy.copy()
-    bad[3] = 0
-    with pytest.raises(ValueError, match=r"target\[3\]"):
-        F.cosine_embedding_loss(c1, c2, bad, validate_target=True)
     # out buffers: written in place (float32) or through a cast (float16); sentinel kept on error.
     out = (cupy.full(7, np.nan, cupy.float32), cupy.full_like(c1, np.nan),
            cupy.full_like(c1, np.nan))
