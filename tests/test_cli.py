@@ -334,3 +334,40 @@ def test_check_table_has_no_inf_for_float16_gradients_that_overflow(run, monkeyp
                  "--dtype", "f16")
     assert result.exit_code == 0, result.output
     assert "inf" not in result.stdout and "3 passed, 0 failed" in result.stdout
+
+
+@pytest.mark.emulator
+def test_check_draws_a_progress_bar_on_a_terminal_only():
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(CLI + ["check", "--device", "cpu", "--kernel", "forward",
+                                     "--n-dim", "8", "--dtype", "f32"],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=slave, timeout=120)
+        os.close(slave)
+        slave = None
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"checking" in seen and b"100%" in seen  # the bar, on stderr
+    assert b"checking" not in proc.stdout and proc.stdout.endswith(b"3 passed, 0 failed\n")
+
+
+def test_run_cases_refuses_a_row_count_the_kernels_cannot_take():
+    from cek import check
+
+    with pytest.raises(ValueError, match="2147483648"):
+        check.run_cases([], launch=None, device="cpu", n_rows=2**31)
