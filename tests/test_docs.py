@@ -95,3 +95,24 @@ def test_relative_links_point_at_files():
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
             if "://" not in target:
                 assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+def test_install_hints_name_what_works_from_a_checkout():
+    """cek is installed from a checkout: 'cek[cuda12]' names a package that cannot be found."""
+    from cek import gpu
+
+    for path in [*DOCS, ROOT / "cek" / "gpu.py", ROOT / "cek" / "cli.py"]:
+        assert "'cek[" not in path.read_text(), f"{path.name} hints at pip install 'cek[...]'"
+    assert "cupy-cuda12x" in gpu.CUPY_INSTALL_HINT and "'.[cuda12]'" in gpu.CUPY_INSTALL_HINT
+
+
+def test_exit_codes_read_the_same_in_help_and_docs():
+    from cek.cli import main
+
+    help_text = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    docs = (ROOT / "docs" / "cli.md").read_text() + (ROOT / "README.md").read_text()
+    for rule in ("0 ok", "1 the work failed", "no device for a GPU-only command", "2 usage"):
+        assert rule in help_text, rule
+    for rule in ("| 0 | ok |", "| 1 | the work failed", "no device for a GPU-only command",
+                 "| 2 | usage error"):
+        assert rule in docs, rule
