@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -243,7 +244,11 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
     _require_nvrtc()
     if out_dir is not None:  # an unwritable --out fails now, not after the compiles
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=out_dir).close()
+        except OSError as exc:
+            raise click.ClickException(f"cannot write to --out {out_dir}: {exc.strerror}") from exc
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)

@@ -220,11 +220,12 @@ def test_an_unusable_cache_dir_is_one_line_and_exit_1(tmp_path, env, words):
     _assert_one_line_error(proc, 1, *words)
 
 
-@pytest.mark.parametrize("where", ["under-a-file", "under-proc"])
+@pytest.mark.parametrize("where", ["under-a-file", "under-proc", "proc-itself"])
 def test_an_unwritable_out_dir_fails_before_compiling(tmp_path, where):
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    out = a_file / "out" if where == "under-a-file" else Path("/proc/cek-out")
+    out = {"under-a-file": a_file / "out", "under-proc": Path("/proc/cek-out"),
+           "proc-itself": Path("/proc")}[where]  # exists, but takes no files
     proc = _cek(["compile", "--kernel", "forward", "--out", str(out)])
     _assert_one_line_error(proc, 1, str(out))
     assert "compiling cosine_embedding_loss" not in proc.stderr  # refused before any work
