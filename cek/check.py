@@ -2,6 +2,8 @@
 
 Shared by `cek check` and the test suite, so that both hold kernels to the same tolerances.
 Outputs are prefilled with NaN: an element the kernel forgot to write fails the comparison.
+`plan` and `run_cases` are `cek check` itself (every case at every margin); the CLI only parses
+options and prints.
 """
 
 from __future__ import annotations
