@@ -2,6 +2,8 @@
 
 Shared by `cek check` and the test suite, so that both hold kernels to the same tolerances.
 Outputs are prefilled with NaN: an element the kernel forgot to write fails the comparison.
+`plan` and `run_cases` are `cek check` itself (every case at every margin); the CLI only parses
+options and prints.
 """
 
 from __future__ import annotations
@@ -130,16 +132,22 @@ def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
         floor = dtypes.smallest_step(dtype) if output_kind(name) == "grad" else 0.0
         bad = ~(err <= atol * size[name] + rtol * np.abs(ref) + floor)
         bad &= ~(np.isnan(out) & np.isnan(ref))  # a NaN the reference also has is right
+        too_large = np.zeros(ref.shape, bool)
         if output_kind(name) == "grad":  # a gradient too large for float16 is rightly infinite
             too_large = np.abs(ref) >= dtypes.overflow_threshold(dtype)
             bad &= ~(too_large & (out == np.copysign(np.inf, ref)))
-        finite = np.isfinite(ref)
+        # The error columns cover what is judged by tolerance: an element whose reference
+        # overflows the dtype passes only as an infinity of the right sign (judged above), and
+        # its error (inf, or the distance to a huge finite reference) would hide every other.
+        finite = np.isfinite(ref) & ~too_large
         if finite.any():
             # Relative to the larger of the value and the size it is judged by: a gradient of
             # 1e-13 that is EPS noise in a difference of two 1e6 terms is not a relative error of 1.
             scale = np.maximum(np.maximum(np.abs(ref), size[name]), 1e-30)
-            max_abs = max(max_abs, float(np.max(err[finite])))
-            max_rel = max(max_rel, float(np.max((err / scale)[finite])))
+            judged = finite & np.isfinite(err)  # a wrong inf or NaN is a failure, not a number
+            if judged.any():
+                max_abs = max(max_abs, float(np.max(err[judged])))
+                max_rel = max(max_rel, float(np.max((err / scale)[judged])))
         if bad.any():
             where = tuple(np.argwhere(bad)[0])
             failures.append(f"{name}{list(map(int, where))}: got {out[where]!r}, want {ref[where]!r} "
@@ -156,6 +164,50 @@ def run_case(kernel: Kernel, launch: Callable, device: str, inputs: dict, margin
     max_abs, max_rel, failures = compare(outputs, want, size, kernel.dtype)
     return CaseResult(kernel.id, device, n_rows, n_dim, margin, max_abs, max_rel, not failures,
                       "; ".join(failures))
+
+
+MARGINS = (-0.5, 0.0, 0.5)  # below, at and above c = 0: the y = -1 hinge on both sides
+N_DIMS = (1, 33, 768, 769, 4096)  # one element, row groups, registers (exact and ragged), wide
+MAX_ROWS = 2**31 - 1  # the kernels take `int n_rows`
+
+
+class CaseError(RuntimeError):
+    """A kernel failed to run in one case (a KernelError from the emulator, a CUDA error);
+    the message names the kernel, the shape and the margin."""
+
+
+def plan(kernel_names, dtype_names, n_dims) -> list[tuple[Kernel, int]]:
+    """The (kernel, n_dim) cases of a check: each kernel (by its short name, as `cek list`
+    shows it), dtype and width, in that order."""
+    from cek.kernel import kernel_classes
+
+    classes = kernel_classes()
+    return [(classes[name].for_n_dim(d, dtype), d) for name in kernel_names
+            for dtype in dtype_names for d in n_dims]
+
+
+def run_cases(cases: list[tuple[Kernel, int]], launch: Callable, device: str, n_rows: int,
+              margins=MARGINS, on_case: Callable | None = None) -> list[CaseResult]:
+    """Each case at each margin on `n_rows` rows of make_inputs; `on_case(result)` after each."""
+    if not 1 <= n_rows <= MAX_ROWS:
+        raise ValueError(f"n_rows must be in [1, {MAX_ROWS}], got {n_rows}")
+    results = []
+    for kernel, n_dim in cases:
+        inputs = make_inputs(n_rows, n_dim, dtype=kernel.dtype)
+        for margin in margins:
+            try:
+                result = run_case(kernel, launch, device, inputs, margin)
+            except RuntimeError as exc:
+                raise CaseError(f"{kernel.id} {n_rows}x{n_dim} margin {margin}: {exc}") from exc
+            results.append(result)
+            if on_case is not None:
+                on_case(result)
+    return results
+
+
+def summary(results: list[CaseResult]) -> str:
+    failed = sum(not r.passed for r in results)
+    return f"{len(results) - failed} passed, {failed} failed"
 
 
 def emulator_launcher(sanitize: str | None = None, schedule: str = "forward") -> Callable:

@@ -1,12 +1,15 @@
-"""The `cek` command line: list, dump-source, compile, check.
+"""The `cek` command line: list, dump-source, compile, check, bench.
 
-Data goes to stdout, progress and diagnostics to stderr. Exit codes: 0 ok; 1 the work failed
-(a compile error, a wrong result, no device for a GPU-only command); 2 usage.
+A thin layer over the library: data goes to stdout, progress and diagnostics to stderr, and the
+library's exceptions become exit codes in one place (`Cli.invoke`): 0 ok; 1 the work failed (a
+compile error, a wrong result, a kernel error, no device for a GPU-only command, a file that
+cannot be written); 2 usage (a bad option or value). Every error is printed as `Error: ...`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import errno
 import json
 import os
 import sys
@@ -16,11 +19,71 @@ from pathlib import Path
 import click
 
 import cek
+from cek import check
+from cek.compile import CompileError
 from cek.dtypes import DTYPES
+from cek.gpu import NoDeviceError
 from cek.kernel import Kernel, kernel_classes
 
 KERNEL_NAMES = list(kernel_classes())
 DTYPE_NAMES = list(DTYPES)
+# Kernels take `int n_rows`: a larger count is refused before any memory is allocated.
+MAX_ROWS = 2**31 - 1
+
+
+def _failure_message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"{exc.strerror}: {exc.filename}"  # without the "[Errno 20]" prefix
+    if isinstance(exc, MemoryError):
+        return f"out of memory{': ' + str(exc) if str(exc) else ''}"
+    return str(exc)
+
+
+def _while_echoing_to_stdout(exc: OSError) -> bool:
+    """Whether `exc` was raised by click.echo writing to stdout (a full disk, /dev/full)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "echo" and frame.f_globals.get("__name__") == "click.utils" \
+                and not frame.f_locals.get("err"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _stdout_failed(exc: OSError) -> click.ClickException:
+    """The error for a stdout that refuses writes; stdout is pointed at /dev/null so that the
+    interpreter's final flush does not print a second error."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's stream)
+        pass
+    return click.ClickException(f"cannot write to standard output: {exc.strerror or exc}")
+
+
+class Cli(click.Group):
+    """The group that maps the library's exceptions to exit codes, once for every command."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            result = super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # `cek list | head`: click ends quietly
+                raise
+            if _while_echoing_to_stdout(exc):
+                raise _stdout_failed(exc) from exc
+            raise click.ClickException(_failure_message(exc)) from exc
+        except (ValueError, TypeError, OverflowError) as exc:  # a user's value the library refused
+            raise click.UsageError(str(exc)) from exc
+        except (NoDeviceError, CompileError, check.CaseError, ImportError, MemoryError) as exc:
+            raise click.ClickException(_failure_message(exc)) from exc
+        try:
+            sys.stdout.flush()  # a full stdout is found here, not in the interpreter's exit
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise
+            raise _stdout_failed(exc) from exc
+        return result
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -35,19 +98,17 @@ def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: st
     if n_dim is not None and block_size is not None:
         raise click.UsageError("give --n-dim or --block-size, not both")
     cls = kernel_classes()[name]
-    try:
-        if block_size is not None:
-            return cls(block_size, dtype)
-        return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    if block_size is not None:
+        return cls(block_size, dtype)
+    return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
 
 
 kernel_option = click.option(
     "--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), default="backward",
     show_default=True, help="Which kernel.",
 )
-n_dim_option = click.option("--n-dim", type=int, help="Row width; BLOCK_SIZE = next power of two.")
+n_dim_option = click.option("--n-dim", type=int,
+                            help="Row width; BLOCK_SIZE = next power of two.  [default: 768]")
 
 
 def dtypes_option(default: str):
@@ -67,19 +128,20 @@ dtype_option = click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="
 block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(cek.__version__, prog_name="cek")
 def main() -> None:
     """Cosine embedding loss kernels for NVIDIA GPUs: see, compile, check, benchmark.
 
     \b
-    Exit codes: 0 ok, 1 the work failed (compile error, wrong result,
-    no device for a GPU-only command), 2 usage error.
+    Exit codes: 0 ok; 1 the work failed (compile error, wrong result,
+    no device for a GPU-only command, an output that cannot be written);
+    2 usage error (a bad option or value). Errors are one line: Error: ...
     """
 
 
 @main.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per kernel.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per kernel.")
 def list_kernels(as_json: bool) -> None:
     """List every kernel: name, id pattern, arguments, launch contract.
 
@@ -133,17 +195,30 @@ def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> No
     click.echo(text, nl=not text.endswith("\n"))
 
 
+def _require_nvrtc() -> None:
+    """A one-line error, before any work, when NVIDIA's NVRTC binding or library is missing."""
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    except (ImportError, RuntimeError) as exc:
+        raise click.ClickException(
+            f"cek compile needs NVIDIA's NVRTC ({exc}): pip install cuda-bindings nvidia-cuda-nvrtc"
+        ) from exc
+
+
 @main.command("compile")
-@click.option("--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), help="One kernel.")
-@click.option("--all", "all_kernels", is_flag=True, help="Every kernel.")
+@click.option("--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES),
+              help="One kernel.  [default: every kernel]")
+@click.option("--all", "all_kernels", is_flag=True, help="Every kernel (the default).")
 @n_dim_option
 @block_size_option
 @click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
 @dtypes_option("f32")
 @click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write <id>.ptx and <id>.cubin here.")
-@click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
+              help="Write <id>.ptx and <id>.cubin here (created if missing).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
 @click.option("--report", is_flag=True,
               help="The static report: occupancy, waves, SASS facts (default: every kernel).")
 @click.option("--gpu", type=click.Choice(["a100", "h100", "h200"]), default="h200",
@@ -156,14 +231,12 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
 
     \b
     Examples:
+      cek compile --n-dim 768                  # every kernel, BLOCK_SIZE 1024
       cek compile --kernel backward --n-dim 768
       cek compile --all --all-sizes --arch sm_90 --json
       cek compile --report --arch sm_90 --gpu h200 --n-dim 768 --n-rows 65536
     """
-    from cek.compile import CompileError
-
     if report:
-        all_kernels = all_kernels or not kernel_name
         if n_rows < 1:
             raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
         if out_dir is not None:
@@ -173,7 +246,7 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
         raise click.UsageError("give --kernel or --all, not both")
     if all_sizes and (n_dim is not None or block_size is not None):
         raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
-    names = KERNEL_NAMES if all_kernels else [kernel_name or "backward"]
+    names = [kernel_name] if kernel_name else KERNEL_NAMES
     types = _chosen(dtype_names, DTYPE_NAMES)
     kernels = []
     for name in names:
@@ -183,22 +256,23 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
                 kernels += [cls(b, dtype) for b in cls.block_sizes()]
             else:
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
+    _require_nvrtc()
     if report:
         # the row width: --n-dim, else the BLOCK_SIZE itself (--block-size, --all-sizes), else 768
         fixed = n_dim if n_dim is not None else None if block_size or all_sizes else 768
         _print_report([(k, fixed or k.block_size) for k in kernels], n_rows, arch, gpu, as_json)
         return
+    if out_dir is not None:  # an unwritable --out fails now, not after the compiles
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=out_dir).close()
+        except OSError as exc:
+            raise click.ClickException(f"cannot write to --out {out_dir}: {exc.strerror}") from exc
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)
-        try:
-            result = kernel.compile(arch)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-        except CompileError as exc:
-            raise click.ClickException(str(exc)) from exc
+        result = kernel.compile(arch)
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{kernel.id}.ptx").write_text(result.ptx)
             (out_dir / f"{kernel.id}.cubin").write_bytes(result.cubin)
         rows.append(result.summary())
@@ -240,62 +314,62 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
               show_default=True, help="auto: the GPU when there is one, else the CPU emulator.")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
-              help="Kernels to check (repeatable; default all).")
-@click.option("--n-dim", "n_dims", type=int, multiple=True,
-              help="Row widths (repeatable; default 1 33 768 769 4096).")
-@click.option("--n-rows", type=int, default=7, show_default=True)
+              help="Kernels to check (repeatable).  [default: every kernel]")
+@click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True,
+              help="Row widths (repeatable).  [default: "
+                   f"{' '.join(map(str, check.N_DIMS))}]")
+@click.option("--n-rows", type=click.IntRange(1, MAX_ROWS), default=7, show_default=True,
+              help="Rows per case.")
 @dtypes_option("all")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
               help="Emulator only: run under ThreadSanitizer or AddressSanitizer.")
-@click.option("--json", "as_json", is_flag=True, help="JSON rows instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
 def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, as_json) -> None:
     """Run kernels against the float64 reference; exit 1 on any mismatch.
+
+    Each kernel, dtype and width runs at margins -0.5, 0 and 0.5 and is judged against the
+    float64 reference. max_rel_err is the largest |got - want| / max(|want|, size), size being 1
+    for a loss and, for a gradient, the terms it is the difference of (|p*x2| + |q*x1|): a
+    half-precision gradient of 1e4 is exact to a few units, not to 1e-3. An element whose
+    reference overflows the dtype (a float16 gradient of 65520 or more) passes only as an
+    infinity of the right sign and is left out of max_rel_err. --json adds max_abs_err.
 
     \b
     Examples:
       cek check                       # GPU if present, else the CPU emulator
       cek check --device cpu --kernel fused --n-dim 768 --sanitize thread
     """
-    from cek import check, gpu
+    from cek import gpu
 
     if device == "auto":
         device = "gpu" if gpu.device_count() > 0 else "cpu"
     if sanitize and device == "gpu":
         raise click.UsageError("--sanitize runs on the CPU emulator: add --device cpu")
-    if n_rows < 1:
-        raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
     if device == "gpu":
-        try:
-            launch = check.gpu_launcher()
-        except gpu.NoDeviceError as exc:
-            raise click.ClickException(str(exc)) from exc
+        launch = check.gpu_launcher()
     else:
         launch = check.emulator_launcher(sanitize=sanitize)
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
-    types = _chosen(dtype_names, DTYPE_NAMES)
-    cases = [(_pick_kernel(name, d, None, dtype), d) for name in kernel_names or KERNEL_NAMES
-             for dtype in types for d in n_dims or (1, 33, 768, 769, 4096)]
-    rows = []
-    for kernel, d in cases:
-        for margin in (-0.5, 0.0, 0.5):
-            click.echo(f"checking {kernel.id} on {label}: {n_rows}x{d}, margin {margin}", err=True)
-            inputs = check.make_inputs(n_rows, d, dtype=kernel.dtype)
-            try:
-                result = check.run_case(kernel, launch, label, inputs, margin)
-            except RuntimeError as exc:  # a KernelError from the emulator, a CUDA error
-                raise click.ClickException(f"{kernel.id} {n_rows}x{d}: {exc}") from exc
-            rows.append(vars(result))
+    cases = check.plan(kernel_names or KERNEL_NAMES, _chosen(dtype_names, DTYPE_NAMES),
+                       n_dims or check.N_DIMS)
+    total = len(cases) * len(check.MARGINS)
+    if sys.stderr.isatty():  # a bar on a terminal; nothing when piped
+        with click.progressbar(length=total, label="checking", file=sys.stderr) as bar:
+            results = check.run_cases(cases, launch, label, n_rows, on_case=lambda r: bar.update(1))
+    else:
+        results = check.run_cases(cases, launch, label, n_rows)
+    rows = [vars(r) for r in results]
     failed = [r for r in rows if not r["passed"]]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
+        click.echo(check.summary(results), err=True)
     else:
-        for r in rows:
-            r["shape"] = f"{r['n_rows']}x{r['n_dim']}"
-            r["result"] = "PASS" if r["passed"] else "FAIL"
-            r["max_abs_err"] = f"{r['max_abs_err']:.2e}"
-            r["max_rel_err"] = f"{r['max_rel_err']:.2e}"
-        click.echo(_table(rows, ["kernel_id", "device", "shape", "margin", "max_abs_err",
-                                 "max_rel_err", "result"]))
+        shown = [{**r, "shape": f"{r['n_rows']}x{r['n_dim']}",
+                  "result": "PASS" if r["passed"] else "FAIL",
+                  "max_rel_err": f"{r['max_rel_err']:.2e}"} for r in rows]
+        click.echo(_table(shown, ["kernel_id", "device", "shape", "margin", "max_rel_err",
+                                  "result"]))
+        click.echo(check.summary(results))
     for r in failed:
         click.echo(f"FAIL {r['kernel_id']} {r['n_rows']}x{r['n_dim']} margin {r['margin']}: "
                    f"{r['detail']}", err=True)

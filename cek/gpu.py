@@ -19,6 +19,10 @@ from cek.compile import COMMON_OPTIONS, CompileError
 from cek.kernel import Kernel
 
 NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
+# cek is installed from a checkout, so the extras are named on the checkout ('.[cuda12]'), and
+# the CuPy wheels by their own names.
+CUPY_INSTALL_HINT = ("pip install cupy-cuda12x (CUDA 12.x driver) or cupy-cuda13x (13.x), "
+                     "or from a cek checkout pip install '.[cuda12]' or '.[cuda13]'")
 
 
 class NoDeviceError(RuntimeError):
@@ -53,8 +57,7 @@ def require_cupy():
     cupy = cupy_or_none()
     if cupy is None:
         raise NoDeviceError(
-            "running on a GPU needs CuPy: pip install 'cek[cuda12]' or 'cek[cuda13]' "
-            f"(matching your CUDA driver); {NO_DEVICE_HINT}"
+            f"running on a GPU needs CuPy: {CUPY_INSTALL_HINT}; {NO_DEVICE_HINT}"
         )
     if device_count() == 0:
         raise NoDeviceError(f"no CUDA device found; {NO_DEVICE_HINT}")

@@ -9,6 +9,7 @@ same launches.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass

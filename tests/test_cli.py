@@ -1,12 +1,19 @@
 """cpu tier: the CLI through click's CliRunner (help of every command, data on stdout, exit codes)."""
 
 import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 import cek
 from cek.cli import KERNEL_NAMES, main
+from cek.kernel import kernel_classes
 
 
 @pytest.fixture
@@ -139,6 +146,8 @@ def test_check_on_the_emulator_prints_a_table_and_passes(run):
     assert len(lines) == 3  # one per margin
     assert all("cosine_embedding_loss_fused__bf16__64" in line and "cpu-emulator" in line
                and line.rstrip().endswith("PASS") for line in lines)
+    assert result.stdout.splitlines()[-1] == "3 passed, 0 failed"
+    assert result.stderr == ""  # no progress when stderr is not a terminal
 
 
 @pytest.mark.emulator
@@ -155,6 +164,7 @@ def test_check_exits_1_on_a_wrong_result(run, monkeypatch):
     result = run("check", "--device", "cpu", "--kernel", "forward", "--n-dim", "8")
     assert result.exit_code == 1
     assert "FAIL" in result.stdout and "FAIL cosine_embedding_loss_forward__f32__8" in result.stderr
+    assert result.stdout.splitlines()[-1] == "0 passed, 12 failed"  # 4 dtypes x 3 margins
 
 
 def test_check_reports_a_kernel_error_and_exits_1(run, monkeypatch):
@@ -167,3 +177,198 @@ def test_check_reports_a_kernel_error_and_exits_1(run, monkeypatch):
     result = run("check", "--device", "cpu", "--kernel", "forward", "--n-dim", "8")
     assert result.exit_code == 1
     assert "cek_row.cuh:120: barrier reached" in result.output
+
+
+# -- errors: one line, the documented exit code, no traceback ---------------------------------
+
+CLI = [sys.executable, "-m", "cek"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cek(args, env=None, stdout=subprocess.PIPE, timeout=60):
+    """`cek args` in a fresh process, as a user runs it, with `env` added to the environment."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(CLI + args, env=full_env, stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def _assert_one_line_error(proc, code, *words):
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, proc.stderr
+    for word in words:
+        assert word in errors[0], proc.stderr
+
+
+def _home_unwritable_env():
+    env = {k: "" for k in ("CEK_CACHE_DIR", "XDG_CACHE_HOME")}
+    return {**env, "HOME": "/proc/self"}  # nothing can be created under /proc, even by root
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"CEK_CACHE_DIR": "{file}"}, ["Not a directory"]),
+    ({"CEK_CACHE_DIR": "/proc/cek-cache"}, ["/proc/cek-cache"]),
+    (_home_unwritable_env(), ["/proc/self"]),
+], ids=["cache-dir-is-a-file", "cache-dir-under-proc", "home-unwritable"])
+def test_an_unusable_cache_dir_is_one_line_and_exit_1(tmp_path, env, words):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    env = {k: v.format(file=a_file) for k, v in env.items()}
+    proc = _cek(["check", "--device", "cpu", "--kernel", "forward", "--n-dim", "4",
+                 "--dtype", "f32"], env=env)
+    _assert_one_line_error(proc, 1, *words)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "under-proc", "proc-itself"])
+def test_an_unwritable_out_dir_fails_before_compiling(tmp_path, where):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    out = {"under-a-file": a_file / "out", "under-proc": Path("/proc/cek-out"),
+           "proc-itself": Path("/proc")}[where]  # exists, but takes no files
+    proc = _cek(["compile", "--kernel", "forward", "--out", str(out)])
+    _assert_one_line_error(proc, 1, str(out))
+    assert "compiling cosine_embedding_loss" not in proc.stderr  # refused before any work
+
+
+def test_a_full_stdout_is_one_line_and_exit_1():
+    with open("/dev/full", "w") as full:
+        proc = _cek(["list"], stdout=full)
+    _assert_one_line_error(proc, 1, "cannot write to standard output", "No space left")
+
+
+def test_compile_without_nvrtc_is_one_line_and_exit_1():
+    code = ("import sys; sys.modules['cuda'] = sys.modules['cuda.bindings'] = None; "
+            "from cek.cli import main; main(['compile', '--kernel', 'forward'], prog_name='cek')")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    _assert_one_line_error(proc, 1, "NVRTC", "pip install cuda-bindings nvidia-cuda-nvrtc")
+
+
+def test_more_rows_than_an_int32_is_refused_up_front():
+    proc = _cek(["check", "--device", "cpu", "--n-rows", "2147483648"], timeout=20)
+    _assert_one_line_error(proc, 2, "2147483648")
+
+
+@pytest.mark.parametrize("raised, code", [
+    (ValueError("margin must be finite, got nan"), 2),
+    (TypeError("x1 must be a floating array, got int32"), 2),
+    (OverflowError("int too large to convert to float"), 2),
+    (OSError(30, "Read-only file system", "/ro/cek"), 1),
+    (MemoryError(), 1),
+    (RuntimeError("plain bug"), None),  # not a user's mistake: the traceback stays
+], ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v))
+def test_library_exceptions_map_to_exit_codes_at_one_edge(run, monkeypatch, raised, code):
+    from cek import check
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(check, "run_cases", fail)
+    result = run("check", "--device", "cpu", "--kernel", "forward", "--n-dim", "8")
+    if code is None:
+        assert result.exception is raised
+        return
+    assert result.exit_code == code
+    assert result.output.startswith("Error: ") and "Traceback" not in result.output
+    if isinstance(raised, OSError):
+        assert "Read-only file system: /ro/cek" in result.output
+
+
+def test_compile_help_shows_its_defaults(run):
+    text = " ".join(run("compile", "--help").output.split())  # help wraps lines
+    assert "[default: every kernel]" in text and "[default: 768]" in text
+    assert "[default: sm_90]" in text and "[default: f32]" in text
+
+
+def test_list_json_help_says_array(run):
+    assert "JSON array" in run("list", "--help").output
+
+
+def test_compile_n_dim_alone_compiles_every_kernel(run, monkeypatch):
+    from cek import compile as compile_module
+
+    compiled = []
+
+    def record(kernel, arch, options=()):
+        compiled.append(kernel.id)
+        return types.SimpleNamespace(summary=lambda: {"kernel_id": kernel.id})
+
+    monkeypatch.setattr(compile_module, "compile_kernel", record)
+    result = run("compile", "--n-dim", "768", "--json")
+    assert result.exit_code == 0, result.output
+    assert compiled == [f"{cls.name}__f32__1024" for cls in kernel_classes().values()]
+
+
+def _f16_gradient(values):
+    """The float16 values a kernel would have written, and a reference whose first element
+    (1e5) overflows float16."""
+    want = np.array([1e5, -2.0, 0.5])
+    return {"dx1": np.array(values, np.float16)}, {"dx1": want}, {"dx1": np.ones(3)}
+
+
+def test_an_overflowing_reference_passes_as_inf_and_stays_out_of_the_errors():
+    from cek import check
+
+    max_abs, max_rel, failures = check.compare(*_f16_gradient([np.inf, -2.0, 0.5]), "f16")
+    assert failures == [] and (max_abs, max_rel) == (0.0, 0.0)
+    max_abs, max_rel, failures = check.compare(*_f16_gradient([-np.inf, -2.0, 0.5]), "f16")
+    assert failures and np.isfinite(max_abs)  # the wrong sign fails; the columns stay numbers
+    max_abs, max_rel, failures = check.compare(*_f16_gradient([np.inf, np.inf, 0.5]), "f16")
+    assert "dx1[1]" in failures[0] and np.isfinite(max_abs) and np.isfinite(max_rel)
+
+
+def test_check_table_has_no_inf_for_float16_gradients_that_overflow(run, monkeypatch):
+    """The zero row of make_inputs gives float16 gradients of ~1e6: the reference overflows."""
+    from cek import check
+
+    def launch(kernel, args):  # writes what a right kernel writes: the reference, rounded
+        inputs = dict(zip((a.name for a in kernel.args), args))
+        inputs.update(dtype=kernel.dtype, scale=1.0)
+        want, _ = check.expected(kernel, inputs, inputs["margin"])
+        for name, value in want.items():
+            with np.errstate(over="ignore"):  # 1e6 rounds to inf in float16, as on the GPU
+                inputs[name][...] = value.astype(np.float16) if name.startswith("dx") else value
+
+    monkeypatch.setattr(check, "emulator_launcher", lambda sanitize=None: launch)
+    result = run("check", "--device", "cpu", "--kernel", "backward", "--n-dim", "8",
+                 "--dtype", "f16")
+    assert result.exit_code == 0, result.output
+    assert "inf" not in result.stdout and "3 passed, 0 failed" in result.stdout
+
+
+@pytest.mark.emulator
+def test_check_draws_a_progress_bar_on_a_terminal_only():
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(CLI + ["check", "--device", "cpu", "--kernel", "forward",
+                                     "--n-dim", "8", "--dtype", "f32"],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=slave, timeout=120)
+        os.close(slave)
+        slave = None
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"checking" in seen and b"100%" in seen  # the bar, on stderr
+    assert b"checking" not in proc.stdout and proc.stdout.endswith(b"3 passed, 0 failed\n")
+
+
+def test_run_cases_refuses_a_row_count_the_kernels_cannot_take():
+    from cek import check
+
+    with pytest.raises(ValueError, match="2147483648"):
+        check.run_cases([], launch=None, device="cpu", n_rows=2**31)

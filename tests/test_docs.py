@@ -1,0 +1,118 @@
+"""Every code block of README.md and docs/*.md runs, so that no snippet can rot.
+
+- ```python blocks are executed, each in a fresh namespace (a reader copies one block at a time).
+  A block that imports cupy runs on the CuPy stand-in (tests/fake_cupy.py): NumPy arrays posing
+  as device arrays, the CPU emulator running the real kernels in place of the GPU.
+- ```bash blocks: each line is a `cek ...` command, run through click's CliRunner, which must
+  exit 0. Comments and blank lines are skipped.
+- ```text blocks are not code (formulas, synopses, outputs).
+- Anything else, or a block that cannot run here (a `pip install`, the test suite itself, a
+  GPU-only benchmark), carries `<!-- not run: <reason> -->` on the line right before its fence.
+  An unmarked block that cannot run fails the test: mark it or make it run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUNNABLE = {"python", "bash"}
+NOT_RUN = re.compile(r"^<!-- not run: \S.* -->$")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+def blocks(path: Path) -> list[dict]:
+    """The fenced blocks of a Markdown file: language, code, first line, and the reason it is
+    not run (None when it runs)."""
+    found, lines = [], path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = lines[i - 1].strip() if i > 0 else ""
+        found.append({"lang": match.group(1), "code": "\n".join(lines[i + 1:end]) + "\n",
+                      "line": i + 1, "not_run": before if NOT_RUN.match(before) else None})
+        i = end + 1
+    return found
+
+
+def _cases(runnable: bool):
+    for path in DOCS:
+        for block in blocks(path):
+            runs = block["not_run"] is None and block["lang"] in RUNNABLE
+            if runs == runnable:
+                yield pytest.param(block, id=f"{path.relative_to(ROOT)}:{block['line']}")
+
+
+def test_the_docs_have_blocks_that_run():
+    """A guard against a parser that finds nothing, which would make every test below vacuous."""
+    assert (ROOT / "docs").is_dir() and len(DOCS) >= 2
+    assert len(list(_cases(runnable=True))) >= 5
+
+
+@pytest.mark.parametrize("block", list(_cases(runnable=False)))
+def test_a_block_that_does_not_run_says_why(block):
+    if block["lang"] == "text":
+        return  # not code
+    assert block["not_run"], (f"a ```{block['lang'] or '(no language)'} block must run "
+                              "(python, bash with cek commands) or carry <!-- not run: why -->")
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("block", list(_cases(runnable=True)))
+def test_the_block_runs(block, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
+    if block["lang"] == "python":
+        if re.search(r"^import cupy|^from cupy", block["code"], re.M):
+            from fake_cupy import install
+
+            install(monkeypatch)
+        exec(compile(block["code"], f"<{block['line']}>", "exec"), {"__name__": "__docs__"})
+        return
+    from cek.cli import main
+
+    for line in block["code"].splitlines():
+        line = line.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        assert words[0] == "cek", f"a bash block runs cek commands only, got {line!r}"
+        result = CliRunner().invoke(main, words[1:], catch_exceptions=False)
+        assert result.exit_code == 0, f"{line}\n{result.output}"
+
+
+def test_relative_links_point_at_files():
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+            if "://" not in target:
+                assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
+
+
+def test_install_hints_name_what_works_from_a_checkout():
+    """cek is installed from a checkout: 'cek[cuda12]' names a package that cannot be found."""
+    from cek import gpu
+
+    for path in [*DOCS, ROOT / "cek" / "gpu.py", ROOT / "cek" / "cli.py"]:
+        assert "'cek[" not in path.read_text(), f"{path.name} hints at pip install 'cek[...]'"
+    assert "cupy-cuda12x" in gpu.CUPY_INSTALL_HINT and "'.[cuda12]'" in gpu.CUPY_INSTALL_HINT
+
+
+def test_exit_codes_read_the_same_in_help_and_docs():
+    from cek.cli import main
+
+    help_text = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    docs = (ROOT / "docs" / "cli.md").read_text() + (ROOT / "README.md").read_text()
+    for rule in ("0 ok", "1 the work failed", "no device for a GPU-only command", "2 usage"):
+        assert rule in help_text, rule
+    for rule in ("| 0 | ok |", "| 1 | the work failed", "no device for a GPU-only command",
+                 "| 2 | usage error"):
+        assert rule in docs, rule
