@@ -39,7 +39,6 @@ def _huge_rows(dtype, d, seed=0):
     e = [np.maximum(0, np.frexp(np.abs(x.astype(np.float64)).max(axis=1))[1] - 200)
          for x in (x1, x2)]
     return x1, x2, y, e[0], e[1]  # rows below 2^200 are their own copies
-    return x1, x2, y, k[0], k[1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
