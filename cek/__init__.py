@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # Submodules imported on first use (PEP 562), so `import cek; cek.emulate.load(...)` works while
 # `import cek` stays free of CuPy, torch and the emulator's compiler checks.
 _LAZY = ("bench", "check", "cli", "compile", "cpu", "dtypes", "emulate", "functional", "kernel",
-         "plot", "sources", "torch", "validate")
+         "occupancy", "plot", "report", "sass", "sources", "torch", "validate")
 
 
 def __getattr__(name: str):
@@ -31,6 +31,7 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Arg",
