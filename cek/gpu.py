@@ -98,7 +98,7 @@ def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
 
     def launch(grid, block, args, *, shared_mem: int = 0, stream=None):
         cast = kernel.check_args(args, (cupy.ndarray,))
-        kernel.check_launch(grid, block, *kernel.problem_size(cast))
+        kernel.check_launch_of(grid, block, cast)
         _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream)
 
     return launch

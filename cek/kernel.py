@@ -193,11 +193,11 @@ class Kernel:
         return f"{type(self).__name__}({self.block_size}, {self.dtype!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and (other.block_size, other.dtype) == (
-            self.block_size, self.dtype)
+        return type(other) is type(self) and (other.name, other.block_size, other.dtype) == (
+            self.name, self.block_size, self.dtype)
 
     def __hash__(self) -> int:
-        return hash((type(self), self.block_size, self.dtype))
+        return hash((type(self), self.name, self.block_size, self.dtype))
 
     def compile(self, arch: str = "sm_90", options: tuple[str, ...] = ()):
         """PTX, CUBIN and ptxas's resource report, without a GPU (see cek.compile)."""
@@ -296,7 +296,7 @@ class Kernel:
         """ValueError unless grid and block are `launch_config(n_rows, n_dim)`'s. A kernel trusts
         its launch: fewer blocks leave rows unwritten, other threads per block a wrong sum.
         Kernels of another kind (a test's probe) have no contract here and are not checked."""
-        if getattr(self, "kind", None) not in ("forward", "backward", "fused"):
+        if not self._has_launch_contract():
             return
         want_grid, want_block, _ = self.launch_config(n_rows, n_dim)
         got_grid, got_block = _dims3(grid), _dims3(block)
@@ -305,6 +305,14 @@ class Kernel:
                 f"{self.id}: grid {grid!r}, block {block!r} differ from launch_config({n_rows}, "
                 f"{n_dim}) = grid {want_grid}, block {want_block}"
             )
+
+    def check_launch_of(self, grid, block, cast: Sequence[Any]) -> None:
+        """check_launch for the problem that checked arguments (check_args's result) describe."""
+        if self._has_launch_contract():
+            self.check_launch(grid, block, *self.problem_size(cast))
+
+    def _has_launch_contract(self) -> bool:
+        return getattr(self, "kind", None) in ("forward", "backward", "fused")
 
     def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
         """Check launch arguments against `args` and cast scalars to their C types.

@@ -40,6 +40,8 @@ GPUS = {
 # Sonochemistry 99, 106546, 2023, PMC10448217). A loaded memory system waits longer, so the
 # Little's-law target below is a floor, not a goal.
 DRAM_LATENCY_CYCLES = 400
+# The compile option that leaves only the ordinary aligned row's path (cek_row.cuh).
+COMMON_PATH = ("-DCEK_COMMON_PATH",)
 
 
 def little_bytes_per_sm(gpu: Gpu) -> int:
@@ -77,7 +79,11 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
     summary.pop("seconds")
     if tool is None:
         return summary, None
-    return summary, sass.facts(sass.disassemble(compiled.cubin, tool)).as_dict()
+    # The SASS facts are those of the path an ordinary aligned row takes: the same source with
+    # the misaligned-view and huge-row branches compiled away (CEK_COMMON_PATH in cek_row.cuh).
+    # Resources and occupancy stay those of the real kernel, rare branches included.
+    common = kernel.compile(arch, COMMON_PATH)
+    return summary, sass.facts(sass.disassemble(common.cubin, tool)).as_dict()
 
 
 def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",

@@ -77,9 +77,16 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
 // 128-bit accesses need every row start 16-byte aligned: true for all rows exactly when the base
 // pointers are and n_dim is a whole number of chunks. A view with an offset fails this and takes
 // the scalar path.
+//
+// CEK_COMMON_PATH is defined only where the compiled code is read, never for a launch (the
+// static report, `cek compile --report`): this test and the huge-row test (cek_sums_ordinary)
+// then answer "aligned, ordinary", so the SASS left is what an ordinary aligned row runs.
 template <typename T>
 __device__ __forceinline__ bool cek_vectorizable(int n_dim, const void* a, const void* b,
                                                  const void* c, const void* d) {
+#ifdef CEK_COMMON_PATH
+    return true;
+#endif
     return n_dim % CekVec<T>::N == 0 && cek_aligned16(a) && cek_aligned16(b) &&
            cek_aligned16(c) && cek_aligned16(d);
 }
@@ -219,6 +226,9 @@ struct CekLimits<double> {
 
 template <typename Acc>
 __device__ __forceinline__ bool cek_sums_ordinary(const CekSums<Acc>& s) {
+#ifdef CEK_COMMON_PATH
+    return true;  // see cek_vectorizable
+#endif
     return s.sq1 < CekLimits<Acc>::BIG && s.sq2 < CekLimits<Acc>::BIG;
 }
 

@@ -229,23 +229,23 @@ def test_cli_report_rejects_bad_n_rows():
 
 # -- the current kernels: ONE table of pinned facts -------------------------------------------
 # (kernel, dtype, n_dim) -> (registers, occupancy %, dependent load rounds, instructions/thread)
-# on sm_90. Kernel work that improves a fact updates its entry here. The hand reading of the
-# SASS agrees: y[row] and dy[row] come after the first use of x (2+ rounds), bf16 fused takes
-# ~470 instructions against f32's ~243 at D = 768, fused f32 at D = 8192 holds 42 registers and
-# so one 1024-thread block per SM (50%).
+# on sm_90, SASS facts of the ordinary aligned row's path. Kernel work that changes a fact updates
+# its entry here. Before the one-round rewrite a hand reading of the SASS and this table agreed:
+# y[row] and dy[row] after the first use of x (2-4 rounds), bf16 fused ~470 instructions against
+# f32's ~243 at D = 768, fused f32 at D = 8192 42 registers (50%).
 KERNEL_FACTS = {
-    ("fused", "f32", 768): (32, 94, 3, 240),
-    ("fused", "f32", 8192): (42, 50, 4, 314),
-    ("fused", "bf16", 768): (32, 98, 4, 467),
-    ("fused", "bf16", 8192): (32, 100, 4, 467),
-    ("forward", "f32", 768): (18, 94, 2, 172),
-    ("forward", "f32", 8192): (22, 100, 3, 209),
-    ("forward", "bf16", 768): (26, 98, 3, 228),
-    ("forward", "bf16", 8192): (26, 100, 3, 228),
-    ("backward", "f32", 768): (32, 94, 2, 215),
-    ("backward", "f32", 8192): (32, 100, 3, 310),
-    ("backward", "bf16", 768): (32, 98, 3, 443),
-    ("backward", "bf16", 8192): (32, 100, 3, 443),
+    ("fused", "f32", 768): (32, 94, 1, 203),
+    ("fused", "f32", 8192): (40, 50, 1, 259),
+    ("fused", "bf16", 768): (40, 75, 1, 258),
+    ("fused", "bf16", 8192): (40, 50, 1, 258),
+    ("forward", "f32", 768): (29, 94, 1, 151),
+    ("forward", "f32", 8192): (32, 100, 1, 178),
+    ("forward", "bf16", 768): (32, 98, 1, 179),
+    ("forward", "bf16", 8192): (32, 100, 1, 179),
+    ("backward", "f32", 768): (32, 94, 1, 179),
+    ("backward", "f32", 8192): (48, 50, 1, 227),
+    ("backward", "bf16", 768): (40, 75, 1, 233),
+    ("backward", "bf16", 8192): (48, 50, 1, 233),
 }
 
 

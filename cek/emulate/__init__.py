@@ -82,7 +82,7 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
 def _checked(kernel: Kernel, grid, block, args: Sequence, shared_mem) -> tuple:
     """(args cast to their C types, grid, block, shared_mem), or the error a GPU launch gives."""
     cast = kernel.check_args(args, (np.ndarray,))
-    kernel.check_launch(grid, block, *kernel.problem_size(cast))
+    kernel.check_launch_of(grid, block, cast)
     for spec, value in zip(kernel.args, cast):
         if spec.output and not value.flags.writeable:
             raise ValueError(f"{spec.name} must be writeable")

@@ -1,0 +1,90 @@
+"""The kernels' speed targets, read from the compiled code through the static report (sm_90, H200).
+
+Each test is a speed claim of docs/design.md turned into a fact of the SASS or of NVIDIA's
+occupancy rules, on the path an ordinary aligned row takes (cek.report.COMMON_PATH). A target the
+kernels do not reach yet is a strict xfail: it fails the day the target is reached, so the table
+below gets updated rather than silently left behind.
+"""
+
+import pytest
+
+from cek import report, sass
+from cek.kernel import kernel_classes
+
+pytestmark = [pytest.mark.compile,
+              pytest.mark.skipif(sass.find_nvdisasm() is None, reason=sass.MISSING)]
+
+ONE_BLOCK_PER_ROW = ("forward", "backward", "fused")
+DTYPES = ("f32", "f64", "f16", "bf16")
+
+
+def facts(name, dtype, n_dim, n_rows=65536):
+    return report.static_row(kernel_classes()[name].for_n_dim(n_dim, dtype), n_rows, n_dim)
+
+
+def unmet(*params, why):
+    return pytest.param(*params, marks=pytest.mark.xfail(strict=True, reason=why))
+
+
+# 1. One dependent global-load round per row: every chunk of x1 and x2, y and dy, in flight
+# before the first use of any of them.
+ROUND_CASES = [(n, d, w) for n in ONE_BLOCK_PER_ROW for d in DTYPES for w in (768, 4096)] + [
+    ("fused", "f32", 8192), ("backward", "bf16", 8192), ("forward-rows", "f32", 128),
+    ("forward-rows", "bf16", 256),
+    unmet("fused", "f32", 128, why="row groups: the fused kernel's y, dy wait behind the sums"),
+    unmet("backward-rows", "f32", 128, why="row groups: dy waits behind the row"),
+]
+
+
+@pytest.mark.parametrize("name, dtype, n_dim", ROUND_CASES)
+def test_one_load_round_per_row(name, dtype, n_dim):
+    assert facts(name, dtype, n_dim)["sass"]["load_rounds"] == 1
+
+
+# 2. Half precision as cheap as float: a 16-bit thread holds twice the elements of a float thread
+# in the same 16-byte chunks, at most 1.5x the instructions and 2x the integer-ALU ones.
+@pytest.mark.parametrize("name, n_dim", [
+    ("fused", 768), ("backward", 768), ("forward", 768),
+    unmet("fused", 384, why="bf16/f16 row groups of 48 chunks: ~600 instructions a thread"),
+])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_half_precision_costs_about_what_float_does(name, n_dim, dtype):
+    half, single = facts(name, dtype, n_dim)["sass"], facts(name, "f32", n_dim)["sass"]
+    assert half["instructions"] <= 1.5 * single["instructions"], (half, single)
+    assert half["int_alu"] <= 2 * single["int_alu"], (half, single)
+
+
+# 3. Occupancy: at least 75% theoretical occupancy for float32 and bfloat16 register-path kernels.
+OCCUPANCY_CASES = [(n, d, w) for n in ONE_BLOCK_PER_ROW for d in ("f32", "bf16")
+                   for w in (768, 1024, 2048, 4096)] + [
+    (n, d, 128) for n in ("forward-rows", "backward-rows", "fused") for d in ("f32", "bf16")] + [
+    unmet(n, d, 8192, why="two chunk pairs a thread need 40-48 registers: one 1024-thread block")
+    for n in ("fused", "backward") for d in ("f32", "bf16")] + [
+    unmet("fused", "f32", 256, why="row groups of 2 chunks a lane: 48 registers"),
+]
+
+
+@pytest.mark.parametrize("name, dtype, n_dim", OCCUPANCY_CASES)
+def test_register_path_reaches_three_quarters_occupancy(name, dtype, n_dim):
+    row = facts(name, dtype, n_dim)
+    assert row["occupancy"] >= 0.75, (row["registers"], row["block"], row["occupancy_limit"])
+    assert row["spill_stores"] == row["spill_loads"] == row["local_bytes"] == 0
+
+
+# Bytes in flight: enough per SM at full occupancy to cover Little's law on an H200, with room.
+@pytest.mark.parametrize("name, dtype, n_dim", [(n, d, w) for n in ONE_BLOCK_PER_ROW
+                                                for d in ("f32", "bf16") for w in (768, 4096)])
+def test_bytes_in_flight_cover_littles_law_twice(name, dtype, n_dim):
+    row = facts(name, dtype, n_dim)
+    assert row["bytes_in_flight_per_sm"] >= 2 * row["needed_bytes_in_flight_per_sm"], row
+
+
+# 6. Wide rows: the streamed loop keeps four chunk pairs of loads in flight per thread.
+@pytest.mark.parametrize("name", ONE_BLOCK_PER_ROW)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_streamed_path_keeps_four_chunk_pairs_in_flight(name, dtype):
+    kernel = kernel_classes()[name].for_n_dim(1 << 20, dtype)
+    code = sass.parse(sass.disassemble(kernel.compile("sm_90", report.COMMON_PATH).cubin))
+    ops = [i.opcode for block in code for i in block]
+    first_math = next(i for i, op in enumerate(ops) if op.startswith(("FFMA", "FMUL")))
+    assert sum(op.startswith("LDG") and ".128" in op for op in ops[:first_math]) >= 2 * 4
