@@ -179,8 +179,10 @@ def test_static_row_is_one_json_row_with_every_fact():
     assert json.loads(json.dumps(row)) == row
     assert row["grid"] == [65536, 1, 1] and row["block"] == [192, 1, 1]
     assert row["sass"]["loads"]["128"] == 2  # x1 and x2, one 16-byte chunk each per thread
-    # first-round bytes x resident threads: 32 x (blocks/SM x 192)
-    assert row["bytes_in_flight_per_sm"] == 32 * row["blocks_per_sm"] * 192
+    # first-round bytes x resident threads: (two 16-byte chunks + y[row] + dy[row], all issued
+    # before the first use) x (blocks/SM x 192)
+    assert row["sass"]["first_round_bytes"] == 2 * 16 + 4 + 4
+    assert row["bytes_in_flight_per_sm"] == 40 * row["blocks_per_sm"] * 192
 
 
 @pytest.mark.parametrize("kwargs, word", [({"arch": "sm_70"}, "arch"), ({"gpu": "v100"}, "gpu"),
