@@ -22,7 +22,7 @@ class NvdisasmMissing(RuntimeError):
 
 
 MISSING = ("nvdisasm not found: the SASS facts need NVIDIA's disassembler; "
-           'pip install "cek[sass]" (the nvidia-cuda-nvdisasm wheel) or put nvdisasm on PATH')
+           'pip install nvidia-cuda-nvdisasm (or '.[sass]' from a checkout), or put nvdisasm on PATH')
 
 
 def find_nvdisasm() -> str | None:

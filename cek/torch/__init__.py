@@ -1,6 +1,6 @@
 """PyTorch front end: `cosine_embedding_loss` and `CosineEmbeddingLoss`, drop-in for torch's.
 
-Needs the optional extra `cek[torch]`; `import cek` does not import torch, only `import cek.torch`.
+Needs PyTorch (`pip install torch`, or `pip install '.[torch]'` from a checkout); `import cek` does not import torch, only `import cek.torch`.
 
 The work runs in two custom ops (cek/torch/_ops.py), so torch.compile(fullgraph=True),
 torch.export and fake tensors see cek as one op each way. Inputs follow torch's rules: x1 and x2
