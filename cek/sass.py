@@ -22,7 +22,8 @@ class NvdisasmMissing(RuntimeError):
 
 
 MISSING = ("nvdisasm not found: the SASS facts need NVIDIA's disassembler; "
-           'pip install nvidia-cuda-nvdisasm (or '.[sass]' from a checkout), or put nvdisasm on PATH')
+           "pip install nvidia-cuda-nvdisasm (or '.[sass]' from a checkout), or put nvdisasm on "
+           "PATH")
 
 
 def find_nvdisasm() -> str | None:
