@@ -1,7 +1,9 @@
 """Vectorised NumPy cosine embedding loss, per row, with the kernels' semantics (cek.reference).
 
 This is the CPU path of cek.functional, not the emulator: it runs the algebra with NumPy
-instead of the `.cu` templates. Inputs are [N, D] C-contiguous float16, float32 or float64
+instead of the `.cu` templates. Where g++ can build cek/cpu_native.cpp (cek.cpu_native), rows()
+runs that instead: the same operations in the same order, so the same bits, in one pass a row;
+the NumPy code below is then the fallback and the yardstick. Inputs are [N, D] C-contiguous float16, float32 or float64
 arrays; per-row values come back in the accumulation dtype (`accumulation_dtype`), gradients
 in the inputs' dtype, written into caller buffers when given.
 
@@ -34,7 +36,7 @@ import os
 
 import numpy as np
 
-from cek import dtypes
+from cek import cpu_native, dtypes
 from cek.reference import EPS
 
 BLOCK_BYTES = 1 << 20  # per temporary of a block: fits in L2 next to its inputs
@@ -86,6 +88,11 @@ def rows(x1, x2, y, margin, g=None, *, want_loss=True, want_grads=True, dx1=None
     step = max(1, BLOCK_BYTES // (d * acc.itemsize))
     starts = range(0, n, step)
     n_threads = max(1, min(MAX_THREADS, _cpus(), len(starts)))
+    native = cpu_native.rows_function(x1.dtype) if n else None
+    if native is not None:
+        _native_rows(native, n_threads, x1, x2, y, margin, g if want_grads else None, loss,
+                     dx1 if want_grads else None, dx2 if want_grads else None)
+        return loss, (dx1 if want_grads else None), (dx2 if want_grads else None)
 
     def run(thread: int) -> None:
         """Blocks thread, thread + n_threads, ...: rows are independent, so which thread
@@ -105,6 +112,44 @@ def rows(x1, x2, y, margin, g=None, *, want_loss=True, want_grads=True, dx1=None
         with concurrent.futures.ThreadPoolExecutor(n_threads) as pool:
             list(pool.map(run, range(n_threads)))
     return loss, (dx1 if want_grads else None), (dx2 if want_grads else None)
+
+
+def _native_rows(function, n_threads, x1, x2, y, margin, g, loss, dx1, dx2) -> None:
+    """rows() through the compiled code (cek/cpu_native.cpp): the same bits, one pass a row.
+    Thread t takes the t-th of n_threads runs of consecutive rows."""
+    n, d = x1.shape
+    acc = accumulation_dtype(x1.dtype)
+    y = np.asarray(y)
+    label = (y == 1).astype(np.int8) - (y == -1).astype(np.int8)
+    sq1, sq2 = np.empty(n, acc), np.empty(n, acc)
+    if g is not None and g.strides[0] not in (0, acc.itemsize):
+        g = np.ascontiguousarray(g)
+    with np.errstate(over="ignore"):  # a huge margin is inf in float32, as in the NumPy code
+        margin_acc = float(acc.type(margin))
+    row, cell = d * x1.itemsize, acc.itemsize
+
+    def at(array, first, size):
+        return None if array is None else array.ctypes.data + first * size
+
+    def run(thread: int) -> None:
+        first, stop = n * thread // n_threads, n * (thread + 1) // n_threads
+        function(at(x1, first, row), at(x2, first, row), stop - first, d, at(label, first, 1),
+                 margin_acc, float(acc.type(EPS)),
+                 at(g, first, g.strides[0] if g is not None else 0),
+                 0 if g is None else g.strides[0] // cell,
+                 at(loss, first, cell), at(dx1, first, row), at(dx2, first, row),
+                 at(sq1, first, cell), at(sq2, first, cell))
+
+    if n_threads == 1:
+        run(0)
+    else:  # ctypes releases the GIL during the call
+        with concurrent.futures.ThreadPoolExecutor(n_threads) as pool:
+            list(pool.map(run, range(n_threads)))
+    limit = np.sqrt(np.finfo(acc).max)
+    huge = np.flatnonzero((sq1 > limit) | (sq2 > limit))
+    if huge.size:  # float32 and float64 only: a float16 row's squared norm stays below
+        with np.errstate(over="ignore", invalid="ignore"):
+            _huge_rows(huge, x1, x2, sq1, sq2, y, margin, g, loss, dx1, dx2)
 
 
 def _cpus() -> int:

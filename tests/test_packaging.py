@@ -24,6 +24,7 @@ def test_wheel_carries_every_kernel_source(wheel):
     for source in sorted((ROOT / "kernels").iterdir()):
         assert f"cek/_kernels/{source.name}" in names
     assert "cek/cli.py" in names
+    assert "cek/cpu_native.cpp" in names  # the CPU path compiles it on first use
     emulator_files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cek" / "emulate").glob("*")
                       if p.is_file() and p.suffix != ".pyc"}
     assert emulator_files <= names

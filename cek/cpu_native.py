@@ -1,0 +1,88 @@
+"""cpu_native.cpp built for this machine with g++, cached by content, loaded with ctypes.
+
+cek.cpu calls `rows_function(dtype)`; None means "use NumPy": no g++ on PATH, a build that
+failed, a cache folder that cannot be written, or CEK_CPU_NATIVE=0 in the environment. The
+compiled rows are bitwise those of the NumPy code, so which one ran changes no result, only
+the time (docs/cpu.md). `unavailable_reason()` says why NumPy is used.
+
+The library is built with -march=native: it runs the vector instructions this CPU has. The
+cache key holds the compiler's predefined macros under that flag, which name every instruction
+set it enables, so a cache folder shared with a different CPU never hands it a library it
+cannot run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).resolve().parent / "cpu_native.cpp"
+FLAGS = ("-std=c++20", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno",
+         "-fPIC", "-shared", "-fvisibility=hidden", "-fdiagnostics-color=never")
+_ACC = {"float16": ctypes.c_float, "float32": ctypes.c_float, "float64": ctypes.c_double}
+_why_not: list[str] = []
+
+
+def enabled() -> bool:
+    return os.environ.get("CEK_CPU_NATIVE", "1") != "0"
+
+
+def rows_function(dtype: np.dtype):
+    """The compiled `cek_cpu_rows_<dtype>`, or None when the NumPy code must run."""
+    if not enabled():
+        return None
+    library = _library()
+    if library is None:
+        return None
+    name = np.dtype(dtype).name
+    function = getattr(library, f"cek_cpu_rows_{name}")
+    acc, pointer, size = _ACC[name], ctypes.c_void_p, ctypes.c_int64
+    function.argtypes = [pointer, pointer, size, size, pointer, acc, acc, pointer, size,
+                         pointer, pointer, pointer, pointer, pointer]
+    function.restype = None
+    return function
+
+
+def unavailable_reason() -> str | None:
+    """Why the NumPy code runs instead of the compiled rows, or None if it does not."""
+    if not enabled():
+        return "CEK_CPU_NATIVE=0"
+    _library()
+    return _why_not[0] if _why_not else None
+
+
+@functools.lru_cache(maxsize=None)
+def _library():
+    from cek.compile import CompileError
+    from cek.emulate import build
+    from cek.emulate.errors import CacheDirError
+
+    try:
+        key = build._digest(SOURCE.read_bytes(), *FLAGS, build.compiler_version(),
+                            _native_macros())
+        target = build.cache_dir() / "cpu" / f"rows-{key[:16]}.so"
+
+        def compile_into(tmp: Path) -> Path:
+            out = tmp / "rows.so"
+            build._run([build.CXX, *FLAGS, str(SOURCE), "-o", str(out)], "cek/cpu_native.cpp",
+                       tmp)
+            return out
+
+        return ctypes.CDLL(str(build._build_once(target, compile_into)))
+    except (RuntimeError, CompileError, CacheDirError, OSError, subprocess.SubprocessError) as exc:
+        _why_not.append(f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def _native_macros() -> str:
+    """g++'s predefined macros under -march=native: the instruction sets it will use."""
+    from cek.emulate import build
+
+    done = subprocess.run([build.CXX, "-march=native", "-dM", "-E", "-x", "c++", "-"],
+                          input="", capture_output=True, text=True, check=True)
+    return done.stdout

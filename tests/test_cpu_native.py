@@ -1,0 +1,121 @@
+"""cpu tier: the compiled CPU rows (cek/cpu_native.cpp) give the NumPy code's bits, and cek falls
+back to the NumPy code when they cannot be built.
+
+The NumPy code is checked against the float64 reference in test_cpu_path.py and
+test_functional.py; bitwise equality here carries that check over to the compiled rows, and
+covers what tolerances cannot: the order of every sum, the rounding of every product.
+"""
+
+import numpy as np
+import pytest
+from oracle import assert_close, expected
+
+from cek import cpu, cpu_native
+from cek import functional as F
+from cek.emulate import build
+
+DTYPES = [np.float16, np.float32, np.float64]
+# NumPy's pairwise sum: under 8 (one running sum), up to 128 (8 partial sums and a tail), longer
+# (split at a multiple of 8), and a float16 row whose length is not a multiple of 8 conversions.
+WIDTHS = [1, 3, 7, 8, 9, 15, 16, 17, 127, 128, 129, 135, 257, 1000, 4097]
+
+
+@pytest.fixture
+def native(monkeypatch):
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    if cpu_native.unavailable_reason() is not None:
+        pytest.fail(f"the compiled CPU rows did not build: {cpu_native.unavailable_reason()}")
+
+
+def both(monkeypatch, *args, **kwargs):
+    """cpu.rows compiled, then through NumPy."""
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    compiled = cpu.rows(*args, **kwargs)
+    monkeypatch.setenv("CEK_CPU_NATIVE", "0")
+    numpy = cpu.rows(*args, **kwargs)
+    return compiled, numpy
+
+
+def assert_same_bits(compiled, numpy):
+    for got, want, what in zip(compiled, numpy, ("loss", "dx1", "dx2")):
+        assert (got is None) == (want is None), what
+        if got is not None:
+            assert got.dtype == want.dtype and got.shape == want.shape, what
+            differ = got.view(np.uint8) != want.view(np.uint8)
+            assert not differ.any(), f"{what}: {np.argwhere(differ)[:3].tolist()}"
+
+
+def awkward_rows(dtype, d, rng):
+    """37 rows of mixed scales with a NaN, an Inf, a zero row and (float32/64) a huge row."""
+    n = 37
+    scale = rng.choice([1e-3, 1.0, 100.0], size=(2, n, 1))
+    x1, x2 = (rng.standard_normal((2, n, d)) * scale).astype(dtype)
+    x1[3, 0] = np.nan
+    x2[4, d // 2] = np.inf
+    x1[5] = 0
+    if dtype != np.float16:
+        x1[6] *= dtype(1e30 if dtype == np.float32 else 1e200)
+    y = rng.choice([1.0, -1.0, 0.0, 2.0, np.nan], size=n)
+    return x1, x2, y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", WIDTHS)
+def test_compiled_rows_are_the_numpy_codes_bits(native, monkeypatch, dtype, d):
+    rng = np.random.default_rng(d)
+    x1, x2, y = awkward_rows(dtype, d, rng)
+    for g in (rng.standard_normal(len(y)), 0.5):
+        assert_same_bits(*both(monkeypatch, x1, x2, y, 0.1, g))
+    assert_same_bits(*both(monkeypatch, x1, x2, y, -0.3, want_grads=False))
+    assert_same_bits(*both(monkeypatch, x1, x2, y, 0.0, 2.0, want_loss=False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_many_threads_and_caller_buffers_give_the_same_bits(native, monkeypatch, dtype):
+    rng = np.random.default_rng(1)
+    n, d = 5000, 300  # several threads' worth of rows
+    x1, x2 = rng.standard_normal((2, n, d)).astype(dtype)
+    y = np.where(rng.random(n) < 0.5, 1, -1)
+    g = rng.standard_normal(n)
+    dx1, dx2 = np.full_like(x1, np.nan), np.full_like(x2, np.nan)
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    into = cpu.rows(x1, x2, y, 0.2, g, dx1=dx1, dx2=dx2)
+    assert into[1] is dx1 and into[2] is dx2
+    monkeypatch.setenv("CEK_CPU_NATIVE", "0")
+    assert_same_bits(into, cpu.rows(x1, x2, y, 0.2, g))
+    monkeypatch.setattr(cpu, "MAX_THREADS", 1)
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    assert_same_bits(into, cpu.rows(x1, x2, y, 0.2, g))
+
+
+def test_float16_gradients_round_as_numpys_cast(native, monkeypatch):
+    # Gradients near float16's largest value and its subnormals: overflow to inf, ties to even.
+    x1 = np.array([[60000.0, 1.0], [2.0**-20, 1.0], [1.0, 2.0**-24]], np.float16)
+    x2 = np.array([[1.0, -60000.0], [1.0, 2.0**-20], [2.0**-24, 1.0]], np.float16)
+    y = np.array([1.0, -1.0, 1.0])
+    for g in (1e9, 3e4, 1e-7):
+        assert_same_bits(*both(monkeypatch, x1, x2, y, -1.0, g))
+
+
+def test_without_a_compiler_the_numpy_code_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    monkeypatch.setenv("CEK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "CXX", "no-such-compiler-cek")
+    build.compiler_version.cache_clear()
+    cpu_native._library.cache_clear()
+    cpu_native._why_not.clear()
+    try:
+        assert cpu_native.rows_function(np.float32) is None
+        assert "no-such-compiler-cek" in cpu_native.unavailable_reason()
+        x1, x2 = np.random.default_rng(0).standard_normal((2, 4, 5))
+        y = np.array([1.0, -1.0, 1.0, -1.0])
+        loss, dx1, dx2 = F.cosine_embedding_loss_fused(x1, x2, y, 0.0, "sum")
+        want = expected(x1, x2, y, 0.0, "sum", 1.0)
+        for got, value, what in zip((loss, dx1, dx2), want, ("loss", "grad", "grad")):
+            assert_close(got, value, np.float64, what)
+    finally:
+        build.compiler_version.cache_clear()
+        cpu_native._library.cache_clear()
+        cpu_native._why_not.clear()
+    monkeypatch.setenv("CEK_CPU_NATIVE", "0")
+    assert cpu_native.unavailable_reason() == "CEK_CPU_NATIVE=0"
