@@ -1,6 +1,7 @@
 """cek: fast, checked cosine embedding loss kernels for NVIDIA GPUs."""
 
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
+                                                CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
                                                CosineEmbeddingLossForwardRows)
@@ -17,7 +18,7 @@ __version__ = "0.1.0"
 
 # Submodules imported on first use (PEP 562), so `import cek; cek.emulate.load(...)` works while
 # `import cek` stays free of CuPy, torch and the emulator's compiler checks.
-_LAZY = ("bench", "check", "cli", "compile", "cpu", "dtypes", "emulate", "functional", "kernel",
+_LAZY = ("bench", "check", "cli", "compile", "cpu", "cpu_native", "dtypes", "emulate", "functional", "kernel",
          "occupancy", "plot", "report", "sass", "sources", "torch", "validate")
 
 
@@ -36,6 +37,7 @@ def __dir__():
 __all__ = [
     "Arg",
     "CosineEmbeddingLossBackward",
+    "CosineEmbeddingLossBackwardKeep",
     "CosineEmbeddingLossBackwardRows",
     "CosineEmbeddingLossForward",
     "CosineEmbeddingLossForwardRows",

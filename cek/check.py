@@ -56,8 +56,9 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
     acc = dtypes.get(dtype).acc
     y = np.array([LABELS[(i + seed) % len(LABELS)] for i in range(n_rows)], dtype=acc)
     dy = rng.uniform(0.5, 2.0, size=n_rows).astype(acc)
+    # keep_dy NaN: the backward-keep kernel keeps no row, so every output is checked.
     return {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype), "y": y,
-            "dy": dy, "scale": 1.0, "dtype": dtype}
+            "dy": dy, "scale": 1.0, "keep_dy": float("nan"), "dtype": dtype}
 
 
 def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:

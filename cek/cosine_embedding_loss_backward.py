@@ -38,3 +38,14 @@ class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
     short_name = "backward-rows"
     source_file = "cosine_embedding_loss_backward.cu"
     twin = CosineEmbeddingLossBackward
+
+
+class CosineEmbeddingLossBackwardKeep(CosineEmbeddingLossBackwardRows):
+    """The _rows variant that leaves alone the rows whose gradient is already in dx1 and dx2:
+    a row whose dy equals `keep_dy` reads only its dy and writes nothing; a NaN keep_dy keeps
+    no row (the _rows kernel's results). cek.torch runs it after the fused kernel's forward,
+    with keep_dy = the fused kernel's scale, so an upstream gradient of 1 costs O(N) bytes."""
+
+    name = "cosine_embedding_loss_backward_keep"
+    short_name = "backward-keep"
+    args = CosineEmbeddingLossBackward.args + (Arg("keep_dy", "A"),)

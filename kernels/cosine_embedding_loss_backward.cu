@@ -24,17 +24,30 @@
 // block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1];
 // wider rows exactly as above. The faster variant for narrow rows: one block per row gives a
 // 128-float row a one-warp block (cek_row.cuh).
+//
+// cosine_embedding_loss_backward_keep: the _rows variant with one more argument, keep_dy (Acc):
+// a row whose dy equals keep_dy is left as it is in dx1 and dx2, after reading only its dy; a NaN
+// keep_dy keeps no row. cek.torch's training step runs the fused kernel in the forward (the
+// gradients for the upstream gradient its scale stands for) and this one in the backward with
+// keep_dy = that scale: an upstream gradient of exactly 1 then costs O(N) bytes more, not a
+// second pass over the rows. A row it recomputes costs what the backward kernel's row does.
 #include "cek_row.cuh"
 
-template <int BLOCK_SIZE, typename T = float>
-__device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
-                                               const T* __restrict__ x1,
-                                               const T* __restrict__ x2,
-                                               const CekAcc<T>* __restrict__ y,
-                                               T* __restrict__ dx1, T* __restrict__ dx2,
-                                               int n_rows, int n_dim, CekAcc<T> margin) {
+// One row per block. KEEP: a row whose dy equals keep_dy returns before reading anything more
+// (uniform over the block), leaving dx1 and dx2 as they are.
+template <int BLOCK_SIZE, typename T, bool KEEP>
+__device__ __forceinline__ void cek_backward_row(const CekAcc<T>* __restrict__ dy,
+                                                 const T* __restrict__ x1,
+                                                 const T* __restrict__ x2,
+                                                 const CekAcc<T>* __restrict__ y,
+                                                 T* __restrict__ dx1, T* __restrict__ dx2,
+                                                 int n_rows, int n_dim, CekAcc<T> margin,
+                                                 CekAcc<T> keep_dy) {
     const int row = blockIdx.x;
     if (row >= n_rows) return;  // uniform over the block: no barrier is skipped by part of it
+    if constexpr (KEEP) {
+        if (dy[row] == keep_dy) return;  // a NaN keep_dy keeps no row
+    }
     // 64-bit offset: n_rows * n_dim may exceed 2^31.
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
@@ -51,17 +64,21 @@ __device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
                                            dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
 }
 
-template <int BLOCK_SIZE, typename T = float>
-__device__ void cosine_embedding_loss_backward_rows(const CekAcc<T>* __restrict__ dy,
-                                                    const T* __restrict__ x1,
-                                                    const T* __restrict__ x2,
-                                                    const CekAcc<T>* __restrict__ y,
-                                                    T* __restrict__ dx1, T* __restrict__ dx2,
-                                                    int n_rows, int n_dim, CekAcc<T> margin) {
+// Row groups where rows are narrow, one row per block otherwise. KEEP: a kept row is not live
+// for its lanes: they load nothing (zeros in the shuffles) and store nothing.
+template <int BLOCK_SIZE, typename T, bool KEEP>
+__device__ __forceinline__ void cek_backward_rows(const CekAcc<T>* __restrict__ dy,
+                                                  const T* __restrict__ x1,
+                                                  const T* __restrict__ x2,
+                                                  const CekAcc<T>* __restrict__ y,
+                                                  T* __restrict__ dx1, T* __restrict__ dx2,
+                                                  int n_rows, int n_dim, CekAcc<T> margin,
+                                                  CekAcc<T> keep_dy) {
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     if constexpr (Tiling::GROUPED) {
         const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
         auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
+        if constexpr (KEEP) r.live = r.live && !(dy[r.row] == keep_dy);
         const CekAcc<T> label = r.live ? y[r.row] : 0, g = r.live ? dy[r.row] : 0;
         cek_group_row_cosine(r, x1, x2, n_dim, vec);
         if (!r.live) return;  // after the last shuffle
@@ -70,7 +87,39 @@ __device__ void cosine_embedding_loss_backward_rows(const CekAcc<T>* __restrict_
                                 dx2 + r.offset, n_dim, vec, r.lane,
                                 Tiling::GROUP, cek_gradient(r.k, coeff));
     } else {
-        cosine_embedding_loss_backward<BLOCK_SIZE, T>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim,
-                                                      margin);
+        cek_backward_row<BLOCK_SIZE, T, KEEP>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin,
+                                              keep_dy);
     }
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward(const CekAcc<T>* __restrict__ dy,
+                                               const T* __restrict__ x1,
+                                               const T* __restrict__ x2,
+                                               const CekAcc<T>* __restrict__ y,
+                                               T* __restrict__ dx1, T* __restrict__ dx2,
+                                               int n_rows, int n_dim, CekAcc<T> margin) {
+    cek_backward_row<BLOCK_SIZE, T, false>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin, 0);
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward_rows(const CekAcc<T>* __restrict__ dy,
+                                                    const T* __restrict__ x1,
+                                                    const T* __restrict__ x2,
+                                                    const CekAcc<T>* __restrict__ y,
+                                                    T* __restrict__ dx1, T* __restrict__ dx2,
+                                                    int n_rows, int n_dim, CekAcc<T> margin) {
+    cek_backward_rows<BLOCK_SIZE, T, false>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin, 0);
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward_keep(const CekAcc<T>* __restrict__ dy,
+                                                    const T* __restrict__ x1,
+                                                    const T* __restrict__ x2,
+                                                    const CekAcc<T>* __restrict__ y,
+                                                    T* __restrict__ dx1, T* __restrict__ dx2,
+                                                    int n_rows, int n_dim, CekAcc<T> margin,
+                                                    CekAcc<T> keep_dy) {
+    cek_backward_rows<BLOCK_SIZE, T, true>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin,
+                                           keep_dy);
 }

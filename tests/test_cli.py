@@ -48,7 +48,7 @@ def test_list_names_every_kernel_with_args_and_contract(run):
     assert "T, A = float, float (f32)" in result.output
     rows = json.loads(run("list", "--json").output)
     assert [r["kernel"] for r in rows] == ["backward", "forward", "fused", "backward-rows",
-                                          "forward-rows"]
+                                          "backward-keep", "forward-rows"]
 
 
 def test_dump_source_default_is_backward_768_with_entry_instantiating_1024(run):

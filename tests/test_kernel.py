@@ -275,7 +275,7 @@ def test_launched_blocks_fit_the_entry_points_launch_bounds(cls, dtype):
 
 def test_registry_lists_every_kernel_once_without_importing_its_subclasses():
     assert list(kernel_classes()) == ["backward", "forward", "fused", "backward-rows",
-                                      "forward-rows"]
+                                      "backward-keep", "forward-rows"]
     assert all(cls.short_name == short for short, cls in kernel_classes().items())
     source = inspect.getsource(cek.kernel)
     assert "import cek.cosine" not in source and "from cek.cosine" not in source

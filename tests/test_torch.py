@@ -22,7 +22,11 @@ REDUCTIONS = ["none", "mean", "sum"]
 LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2: loss 0, gradient 0
 # The kernels one CUDA training step launches (forward, backward), by Kernel.name; the CPU tier
 # (tests/test_torch_cuda_glue.py) checks the same list through the CuPy stand-in.
+# The kernels of one training step: through the custom ops (what compiled code runs), and in
+# eager mode, where the forward runs the fused kernel when gradients will be wanted and the
+# backward only corrects the rows whose upstream gradient is not the one it assumed.
 STEP_KERNELS = ["cosine_embedding_loss_forward_rows", "cosine_embedding_loss_backward_rows"]
+EAGER_STEP_KERNELS = ["cosine_embedding_loss_fused", "cosine_embedding_loss_backward_keep"]
 
 
 def _inputs(n=8, d=9, dtype=torch.float64, seed=0, requires_grad=True):
@@ -336,10 +340,10 @@ def test_cuda_two_launches_per_step(monkeypatch):
     x1, x2, y = _inputs(n=64, d=256, dtype=torch.float32, seed=21, requires_grad=False)
     x1, x2, y = x1.cuda().requires_grad_(), x2.cuda().requires_grad_(), y.cuda()
     ct.cosine_embedding_loss(x1, x2, y).backward()
-    assert launches == STEP_KERNELS
+    assert launches == EAGER_STEP_KERNELS
     launches.clear()
     ct.cosine_embedding_loss(x1, x2, y, reduction="none").mean().backward()  # grad_output 1/N
-    assert launches == STEP_KERNELS
+    assert launches == EAGER_STEP_KERNELS
     launches.clear()
     with torch.no_grad():
         ct.cosine_embedding_loss(x1, x2, y)
@@ -371,9 +375,11 @@ def test_cuda_side_stream_autocast_and_views():
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_step_without_sync_and_in_a_cuda_graph():
+@pytest.mark.parametrize("weight", [1.0, 3.0])
+def test_cuda_step_without_sync_and_in_a_cuda_graph(weight):
     """No host read in forward or backward (sync debug mode "error"), and a whole step
-    (forward, backward, optimizer) captured in a CUDA graph and replayed gives eager's weights."""
+    (forward, backward, optimizer) captured in a CUDA graph and replayed gives eager's weights,
+    for an upstream gradient of 1 (the fused gradients kept) and of 3 (recomputed)."""
     torch.manual_seed(23)
     x1, x2, y = _inputs(n=32, d=64, dtype=torch.float32, seed=23, requires_grad=False)
     x1, x2, y = x1.cuda(), x2.cuda(), y.cuda()
@@ -386,7 +392,7 @@ def test_cuda_step_without_sync_and_in_a_cuda_graph():
 
     def step(m, o):
         o.zero_grad(set_to_none=False)
-        (3 * loss_fn(m(x1), m(x2), y)).backward()  # an upstream gradient other than 1
+        (weight * loss_fn(m(x1), m(x2), y)).backward()
         o.step()
 
     side = torch.cuda.Stream()

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402
 # The gpu tier's expected kernels, one list for both tiers: a change fails here, without a GPU.
-from test_torch import STEP_KERNELS  # noqa: E402
+from test_torch import EAGER_STEP_KERNELS, STEP_KERNELS  # noqa: E402
 from cek.torch import _cuda  # noqa: E402
 
 STREAM = 0xC0FFEE  # the pointer torch.cuda.current_stream() gives in these tests
@@ -128,9 +128,11 @@ class CudaLike(torch.Tensor):
 
 @pytest.mark.parametrize("route", ["eager", "custom op"])
 def test_training_step_through_the_public_api(cuda, monkeypatch, route):
-    """One forward and one backward kernel per step, for any upstream gradient, with
-    retain_graph and two backward calls accumulating into .grad as torch does; through the
-    eager autograd.Function and through the custom ops (what compiled code runs)."""
+    """Two kernels per step, for any upstream gradient, with retain_graph and two backward
+    calls accumulating into .grad as torch does; through the eager autograd.Function (the fused
+    kernel, then the keep kernel; the second backward runs the backward kernel, so the buffers
+    handed out first are never written again) and through the custom ops (what compiled code
+    runs)."""
     monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: route == "eager")
     x1, x2, y = _torch_inputs(N, 33, "f32", seed=9)
     c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
@@ -149,7 +151,8 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
         loss.backward()  # the second call adds to .grad: nothing handed out may be scaled
         want.backward(retain_graph=True)
         want.backward()
-        assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS + STEP_KERNELS[1:]
+        kernels = EAGER_STEP_KERNELS if route == "eager" else STEP_KERNELS
+        assert [i.split("__")[0] for i in cuda.ids()] == kernels + STEP_KERNELS[1:]
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
         for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
             _close(got.detach(), ref, "f32", "grad", size)
@@ -176,3 +179,42 @@ def test_eager_route_on_plain_tensors(cuda, monkeypatch):
     for got, ref, size in zip((a1.grad, a2.grad), (b1.grad, b2.grad), sizes):
         _close(got, ref, "f32", "grad", size)
 
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
+    """The eager step's kernels: the fused forward's gradients are kept, unread, for the rows
+    whose upstream gradient is the one it assumed (a sentinel there survives), the other rows
+    are recomputed, in the same buffers, and nothing is read back to the host."""
+    x1, x2, y = _torch_inputs(N, 33, dtype, seed=11)
+    loss, dx1, dx2 = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
+    (launch,) = cuda.launches
+    assert launch.kernel_id == f"cosine_embedding_loss_fused__{dtype}__64"
+    assert launch.stream == STREAM and launch.args["dy"] is None
+    scale = launch.args["scale"]  # in the accumulation dtype
+    assert scale == type(scale)(1 / N if reduction == "mean" else 1.0)
+    assert np.shares_memory(launch.args["dx1"], _bits(dx1))
+
+    f1, f2, fy = x1.double().numpy(), x2.double().numpy(), y.double().numpy()
+    want_loss, _ = _expected(f1, f2, fy, 0.1, reduction, 1.0)
+    _close(loss.double(), want_loss[0], dtype, "loss")
+    if reduction == "none":  # rows 0, 3, 6, ... keep their gradient of 1
+        grad = torch.where(torch.arange(N) % 3 == 0, 1.0, 0.5 + torch.arange(N) / N)
+    else:
+        grad = torch.tensor(1.0)
+    for g in (grad, 2.5 * grad):
+        kept = (g == 1).expand(N)
+        for t in (dx1, dx2):
+            t[kept] = 7.0  # a row kept must not be written
+        cuda.launches.clear()
+        got = _cuda.keep_backward(g.to(x1.dtype), x1, x2, y, 0.1, reduction, dx1, dx2)
+        (launch,) = cuda.launches
+        assert launch.kernel_id == f"cosine_embedding_loss_backward_keep__{dtype}__64"
+        assert launch.args["keep_dy"] == launch.args["dy"][0] or not kept[0]
+        assert got[0].data_ptr() == dx1.data_ptr() and got[1].data_ptr() == dx2.data_ptr()
+        _, sizes = _expected(f1, f2, fy, 0.1, reduction, g.double().numpy())
+        want = _expected(f1, f2, fy, 0.1, reduction, g.double().numpy())[0][1:]
+        for t, w, size in zip(got, want, sizes):
+            assert (t[kept] == 7.0).all()
+            _close(t[~kept].double(), w[~kept.numpy()], dtype, "grad", size[~kept.numpy()])

@@ -86,7 +86,9 @@ def _apply(input1, input2, target, margin, reduction):
             not torch.compiler.is_compiling() and _transformed(input1, input2, target)):
         return _composite.loss(input1, input2, target, margin, reduction)
     if _plain_eager(input1, input2, target):
-        return _ops.Eager.apply(input1, input2, target, margin, reduction)
+        fuse = input1.is_cuda and torch.is_grad_enabled() and (
+            input1.requires_grad or input2.requires_grad)
+        return _ops.Eager.apply(input1, input2, target, margin, reduction, fuse)
     return _ops.loss_op(input1, input2, target, margin, reduction)
 
 
