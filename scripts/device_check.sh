@@ -6,10 +6,11 @@
 #   tables.txt     every step's table, row by row as timed; bench.log its warnings and failures
 #   gpu_tests.log  the gpu test tier
 #   bench.json     every timed row of every step (field "run": the step), merged at the end
+#   train_step.json  one training step of the loss, eager / CUDA graph / torch.compile
 #   bench_fused.png
 # Order: cek and the copy bandwidth at the target shapes first, in steps of their own; then the
 # gpu tier; then the baselines; torch.compile in its own step (its first compiles can take tens
-# of seconds; first_s in its rows is that time); then the sweeps. Each step has a timeout, and
+# of seconds; first_s in its rows is that time); then a training step; then the sweeps. Each step has a timeout, and
 # the timeouts add up to the 6-minute budget. `cek bench` writes each row as soon as it is timed,
 # so a step killed by its timeout keeps the rows it timed, and the summary is written whatever
 # the steps did. LIMIT_<step>=SECONDS overrides a step's timeout; CEK_PYTHON the Python to use.
@@ -116,17 +117,23 @@ bench base_128 12 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --bas
 bench torch_compile 55 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward \
     --kernel backward --repeat 100 --baseline torch-compile
 
-# 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
+# 6. One training step (forward and backward) the ways training loops run it: eager, a CUDA
+#    graph, torch.compile; cek.torch against torch's own loss. Rows in train_step.json.
+echo "== train_step" >>"$OUT/tables.txt"
+step train_step 30 $PY scripts/step_bench.py --n-rows 65536 --n-dim 768 --repeat 50 \
+    --json-file "$OUT/train_step.json" >>"$OUT/tables.txt" 2>>"$OUT/bench.log"
+
+# 7. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 30 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
+bench sweep_fused 20 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
     --plot "$OUT/bench_fused.png"
 # The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 20 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+bench sweep_fused_bf16 15 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
     --baseline cupy,torch
-bench sweep_fwd_bwd 25 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+bench sweep_fwd_bwd 15 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 15 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+bench sweep_rows 10 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
     --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
     --repeat 50 --baseline none
 

@@ -48,7 +48,8 @@ def test_the_step_timeouts_fit_the_budget():
     # Every command that can hang runs in a step: the only `timeout` is the one in step().
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
         'timeout "$limit" "$@"']
-    assert [name for kind, name, _, _ in _steps() if kind == "step"] == ["preflight", "gpu_tests"]
+    assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
+        "preflight", "gpu_tests", "train_step"]
     assert sum(limit for _, _, limit, _ in _steps()) <= BUDGET_S
 
 
@@ -141,6 +142,11 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
         if line.startswith("MISSING"):
             assert line in done.stdout
     assert f"{len(rows)} rows in {out / 'bench.json'}" in done.stdout
+    steps = json.loads((out / "train_step.json").read_text())  # CPU tensors: no CUDA graphs
+    assert [s["step"] for s in steps] == ["torch eager", "cek eager", "cek eager, weight 3",
+                                          "torch.compile", "cek under torch.compile"]
+    assert all(s["ms"] > 0 and "error" not in s for s in steps)
+    assert "| cek eager | " in tables
 
 
 def _shrunk(args: list[str]) -> list[str]:
@@ -189,6 +195,14 @@ if __name__ == "__main__":  # CEK_PYTHON in the end-to-end test
     argv = sys.argv[1:]
     if argv[:3] == ["-m", "cek", "bench"]:
         _standin_bench(argv[2:])
+    elif argv[:1] == ["scripts/step_bench.py"]:  # on CPU tensors, tiny, nothing compiled
+        import torch
+
+        torch.compile = lambda fn, **kwargs: fn
+        json_file = argv[argv.index("--json-file") + 1]
+        sys.argv = [argv[0], "--device", "cpu", "--n-rows", "64", "--n-dim", "8", "--repeat", "3",
+                    "--json-file", json_file]
+        exec(compile(Path(argv[0]).read_text(), argv[0], "exec"), {"__name__": "__main__"})
     elif argv[:2] == ["-m", "pytest"]:
         print("the gpu tier is not run on the stand-in")
     elif argv[:1] == ["-"]:  # the script's inline Python
