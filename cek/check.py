@@ -56,9 +56,8 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
     acc = dtypes.get(dtype).acc
     y = np.array([LABELS[(i + seed) % len(LABELS)] for i in range(n_rows)], dtype=acc)
     dy = rng.uniform(0.5, 2.0, size=n_rows).astype(acc)
-    # keep_dy NaN: the backward-keep kernel keeps no row, so every output is checked.
     return {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype), "y": y,
-            "dy": dy, "scale": 1.0, "keep_dy": float("nan"), "dtype": dtype}
+            "dy": dy, "scale": 1.0, "dtype": dtype}
 
 
 def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
@@ -97,6 +96,8 @@ def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tupl
             args.append(sizes[spec.name])
         elif spec.name == "margin":
             args.append(margin)
+        elif spec.name == "keep_dy":  # NaN: backward-keep keeps no row, every output is judged
+            args.append(inputs.get("keep_dy", float("nan")))
         else:
             args.append(inputs.get(spec.name))
     return tuple(args), outputs

@@ -232,6 +232,16 @@ __device__ __forceinline__ bool cek_sums_ordinary(const CekSums<Acc>& s) {
     return s.sq1 < CekLimits<Acc>::BIG && s.sq2 < CekLimits<Acc>::BIG;
 }
 
+// Whether every lane of the warp has an ordinary row. Under CEK_COMMON_PATH this is true without
+// the vote: nvcc does not fold __all_sync of a constant, and the rare branch it guards would be
+// read as the common path's.
+__device__ __forceinline__ bool cek_warp_ordinary(bool ordinary) {
+#ifdef CEK_COMMON_PATH
+    return true;
+#endif
+    return __all_sync(0xffffffffu, ordinary);
+}
+
 template <typename Acc>
 __device__ __forceinline__ Acc cek_scale_for(Acc sq) {
     using L = CekLimits<Acc>;
@@ -546,8 +556,7 @@ __device__ __forceinline__ void cek_group_row_cosine(CekGroupRow<BLOCK_SIZE, T>&
     auto s = cek_load_row_pair(r.rp, x1 + r.offset, x2 + r.offset, r.live ? n_dim : 0, vec,
                                r.lane, GROUP);
     s = cek_group_sum<GROUP>(s);
-    const bool ordinary = cek_sums_ordinary(s);
-    if (__all_sync(0xffffffffu, ordinary)) {
+    if (cek_warp_ordinary(cek_sums_ordinary(s))) {
         r.k = cek_cosine(s);
         return;
     }

@@ -24,27 +24,29 @@
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 #include "cek_row.cuh"
 
-// A row's label and upstream gradient (scale, times dy[row] when dy is given), loaded before
-// the row itself so that all of a thread's loads are in flight together.
+// A row's label and dy[row] (1 without dy), loaded before the row itself so that all of a
+// thread's loads are in flight together. The upstream gradient scale * dy is formed only where it
+// is used, after the sums: a multiply here would wait for dy before the row's loads are issued.
 template <typename Acc>
 struct CekFusedLabels {
-    Acc label, g;
+    Acc label, dy;
 };
 
 template <typename Acc>
 __device__ __forceinline__ CekFusedLabels<Acc> cek_fused_labels(const Acc* __restrict__ y,
                                                                  const Acc* __restrict__ dy,
-                                                                 Acc scale, int row) {
-    return {y[row], dy == nullptr ? scale : scale * dy[row]};
+                                                                 int row) {
+    return {y[row], dy == nullptr ? Acc(1) : dy[row]};
 }
 
-// Writes the loss (one lane) and returns the gradient factors of the row.
+// Writes the loss (one lane) and returns the gradient factors of the row. scale * 1 is scale
+// exactly, so without dy the upstream gradient is scale itself.
 template <typename Acc>
 __device__ __forceinline__ CekGradient<Acc> cek_fused_row(CekCosine<Acc> k, CekFusedLabels<Acc> l,
-                                                          Acc* __restrict__ loss, int row,
-                                                          int lane, Acc margin) {
+                                                          Acc scale, Acc* __restrict__ loss,
+                                                          int row, int lane, Acc margin) {
     if (lane == 0) loss[row] = cek_row_loss(k.c, l.label, margin);
-    return cek_gradient(k, cek_row_coeff(k.c, l.label, margin, l.g));
+    return cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy));
 }
 
 template <int BLOCK_SIZE, typename T = float>
@@ -58,10 +60,10 @@ __device__ void cosine_embedding_loss_fused(const T* __restrict__ x1, const T* _
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
     if constexpr (Tiling::GROUPED) {
         auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
-        const auto l = r.live ? cek_fused_labels(y, dy, scale, r.row) : CekFusedLabels<CekAcc<T>>{};
+        const auto l = r.live ? cek_fused_labels(y, dy, r.row) : CekFusedLabels<CekAcc<T>>{};
         cek_group_row_cosine(r, x1, x2, n_dim, vec);
         if (!r.live) return;  // after the last shuffle
-        const auto g = cek_fused_row(r.k, l, loss, r.row, r.lane, margin);
+        const auto g = cek_fused_row(r.k, l, scale, loss, r.row, r.lane, margin);
         cek_store_row_gradients(r.rp, x1 + r.offset, x2 + r.offset, dx1 + r.offset,
                                 dx2 + r.offset, n_dim, vec, r.lane,
                                 Tiling::GROUP, g);
@@ -69,11 +71,11 @@ __device__ void cosine_embedding_loss_fused(const T* __restrict__ x1, const T* _
         const int row = blockIdx.x;
         if (row >= n_rows) return;  // uniform over the block
         const long long offset = static_cast<long long>(row) * n_dim;
-        const auto l = cek_fused_labels(y, dy, scale, row);
+        const auto l = cek_fused_labels(y, dy, row);
         CekRowPair<Tiling::CHUNKS, T> rp;
         const auto k =
             cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-        const auto g = cek_fused_row(k, l, loss, row, threadIdx.x, margin);
+        const auto g = cek_fused_row(k, l, scale, loss, row, threadIdx.x, margin);
         cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
                                                dx2 + offset, n_dim, vec, g);
     }
