@@ -248,15 +248,19 @@ class Kernel:
     def min_blocks(self) -> int:
         """Blocks per SM the entry point asks ptxas to fit, by limiting its registers: enough
         for all 2048 threads an sm_80 or sm_90 SM holds (32 registers a thread), or for 3/4 of
-        them (40) in the 16-bit gradient kernels, whose conversions spill at 32; at most the
-        SM's 32 blocks. Only where ptxas fits that budget without spilling, as measured on sm_80
-        and sm_90: a thread holding one chunk pair of float or a 16-bit type (not doubles: two
-        registers a value), and at 1024 threads float only (2 blocks: 32 registers)."""
+        them (40) in the 16-bit gradient kernels, whose conversions spill at 32, and in float
+        row groups holding two chunk pairs a lane (48 registers unbounded); at most the SM's 32
+        blocks. Only where ptxas fits that budget without spilling, as measured on sm_80 and
+        sm_90: a thread holding one chunk pair of float or a 16-bit type (not doubles: two
+        registers a value), or two of float below 1024 threads, and at 1024 threads float only
+        (2 blocks: 32 registers)."""
         itemsize = dtypes.get(self.dtype).array.itemsize
-        if (self.streamed or self.chunks_held > 1 or itemsize == 8
+        two_float_pairs = self.chunks_held == 2 and itemsize == 4 and self.max_threads < MAX_THREADS
+        if (self.streamed or (self.chunks_held > 1 and not two_float_pairs) or itemsize == 8
                 or (itemsize == 2 and self.max_threads >= MAX_THREADS)):
             return 1
-        resident = SM_THREADS * 3 // 4 if itemsize == 2 and self.kind != "forward" else SM_THREADS
+        three_quarters = two_float_pairs or (itemsize == 2 and self.kind != "forward")
+        resident = SM_THREADS * 3 // 4 if three_quarters else SM_THREADS
         return min(MAX_BLOCKS_PER_SM, max(1, math.ceil(resident / self.max_threads)))
 
     @property
