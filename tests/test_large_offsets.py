@@ -58,8 +58,11 @@ def last_rows_args(kernel, inputs, n_rows, first_row):
     for spec in kernel.args:
         value = inputs.get(spec.name)
         if not spec.is_pointer:
+            # keep_dy NaN: backward-keep keeps no row, so every output row is judged.
             args.append(sizes[spec.name] if spec.name in sizes
-                        else MARGIN if spec.name == "margin" else value)
+                        else MARGIN if spec.name == "margin"
+                        else inputs.get(spec.name, float("nan")) if spec.name == "keep_dy"
+                        else value)
             continue
         if value is None and spec.optional:
             args.append(None)
