@@ -15,6 +15,7 @@ import pytest
 
 import cek
 from cek.emulate import CacheDirError, build
+from oracle import expected_rows
 
 pytestmark = pytest.mark.emulator
 
@@ -34,7 +35,7 @@ print(*out.tolist())
 
 def expected_losses():
     x1 = np.arange(24, dtype=np.float64).reshape(3, 8)
-    return cek.reference.forward(x1, x1[::-1], np.array([1, -1, 1]), 0.0)
+    return expected_rows(x1, x1[::-1], np.array([1, -1, 1]), np.zeros(3), 0.0)[0]
 
 
 def launch_in_child(cache: Path, cwd: Path = REPO, **env):
@@ -110,6 +111,26 @@ def test_a_killed_builds_folder_is_removed_once_stale(tmp_path, monkeypatch):
     build.forget()
     build.library(KERNEL)
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_build_killed_with_sigkill_leaves_no_folder_behind(tmp_path):
+    """A real `kill -9` in the middle of g++: the next build removes the folder at once."""
+    folder = tmp_path / "emulate"
+    child = subprocess.Popen([sys.executable, "-c", LAUNCH], env={
+        **os.environ, "CEK_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(folder.glob(".build-*")) and child.poll() is None:
+            assert time.monotonic() < deadline, "no build started"
+            time.sleep(0.02)
+        child.kill()
+    finally:
+        child.wait()
+    left = list(folder.glob(".build-*"))
+    assert left, "the child finished its build before it could be killed"
+    assert_launch_works(launch_in_child(tmp_path))
+    assert not any(path.exists() for path in left), left
 
 
 @pytest.mark.parametrize("variable, value, where", [

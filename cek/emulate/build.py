@@ -10,7 +10,8 @@ processes building the same library at once both succeed.
 A cached file is trusted only beside its checksum (`<file>.sha256`, written last, atomically):
 loading a truncated or garbled library would crash the process (a bus error, SIGILL), so a file
 whose checksum is missing or wrong is rebuilt. A `.build-*` folder that a killed build left
-behind is removed by a later build once it is an hour old.
+behind is removed by the next build: at once where its name says it was this host's and its
+process is gone, else once it is an hour old (a cache folder may be shared between hosts).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -177,11 +179,30 @@ def _verified(target: Path) -> bool:
         return False
 
 
+def _build_prefix() -> str:
+    """`.build-<host>-<pid>-`: who owns a scratch folder, so that a killed build's is known."""
+    return f".build-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _owner_is_gone(name: str) -> bool:
+    """True if `name` is a scratch folder of this host whose process no longer exists."""
+    host, sep, rest = name[len(".build-"):].rpartition("-")[0].rpartition("-")
+    if not sep or host != socket.gethostname() or not rest.isdigit():
+        return False
+    try:
+        os.kill(int(rest), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, under another user
+        return False
+    return False
+
+
 def _remove_stale_builds(folder: Path) -> None:
     now = time.time()
     for stale in folder.glob(".build-*"):
         try:
-            if now - stale.stat().st_mtime > STALE_BUILD_S:
+            if _owner_is_gone(stale.name) or now - stale.stat().st_mtime > STALE_BUILD_S:
                 shutil.rmtree(stale, ignore_errors=True)
         except OSError:  # another process removed it first
             pass
@@ -195,7 +216,7 @@ def _build_once(target: Path, build) -> Path:
     folder = _writable_folder(target.parent)
     _remove_stale_builds(folder)
     try:
-        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=".build-")
+        scratch = tempfile.TemporaryDirectory(dir=folder, prefix=_build_prefix())
     except OSError as exc:
         raise CacheDirError(folder, exc.strerror or str(exc)) from None
     with scratch as tmp:
