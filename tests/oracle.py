@@ -100,3 +100,27 @@ def expected_rows(x1, x2, y, dy, margin):
     """Per-row loss and the gradients dx1, dx2 for per-row upstream gradients dy, in float64."""
     loss = reference.forward(x1, x2, y, margin)
     return (loss, *reference.backward(dy, x1, x2, y, margin))
+
+
+# -- rows too large for a plain float32 squared norm --------------------------------------
+
+# The smallest result each dtype's gradient keeps: the GPU flushes float32 results below 2^-126
+# (-ftz, and bf16 is computed in float32); float16 stores steps of 2^-24; float64 keeps its
+# subnormals, exact to 2^-1074.
+KEPT = {"f32": 2.0**-126, "bf16": 2.0**-126, "f16": 2.0**-24, "f64": 2.0**-1074}
+
+
+def reference_on_scaled_copies(x1, x2, y, dy, margin):
+    """The float64 reference where float64 itself would overflow: each row of x1 and x2 scaled
+    by a power of two (t) to a largest magnitude below 1. c and the loss do not change; dx1 of
+    the scaled row is dx1 / t1 (dx1 = coeff*(x2*r2 - c*x1*r1)*r1, x*r unchanged, r1 = t1*r1')."""
+    def scales(x):
+        top = np.abs(x).max(1)
+        return np.where(top > 1, 2.0 ** -np.frexp(top)[1].astype(np.float64), 1.0)[:, None]
+
+    t1, t2 = scales(x1), scales(x2)
+    a, b = x1 * t1, x2 * t2
+    loss = reference.forward(a, b, y, margin)
+    dx1, dx2 = reference.backward(dy, a, b, y, margin)
+    m1, m2 = reference.gradient_magnitudes(dy, a, b, y, margin)
+    return loss, dx1 * t1, dx2 * t2, m1 * t1, m2 * t2

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cek import check, dtypes, reference
 from cek.kernel import RowGroups, kernel_classes
+from oracle import KEPT, reference_on_scaled_copies
 
 KERNELS = list(kernel_classes().values())
 DIMS = [1, 2, 3, 31, 32, 33, 127, 128, 129, 384, 768, 769, 1000, 1024, 4096]
@@ -309,10 +310,6 @@ def test_float32_subnormals_flush_to_zero_as_on_a_gpu(emulator):
 
 # -- rows too large for a plain float32 squared norm -----------------------------------------
 
-# The smallest result each dtype's gradient keeps: the GPU flushes float32 results below 2^-126
-# (-ftz, and bf16 is computed in float32); float16 stores steps of 2^-24; float64 keeps its
-# subnormals, exact to 2^-1074.
-KEPT = {"f32": 2.0**-126, "bf16": 2.0**-126, "f16": 2.0**-24, "f64": 2.0**-1074}
 HUGE_WIDTHS = [33, 769]  # row groups, one block per row (the streamed path: f32 below)
 
 
@@ -343,22 +340,6 @@ def _huge_rows(n_dim, dtype):
     return x1, x2, base
 
 
-def _reference_on_scaled_copies(x1, x2, y, dy, margin):
-    """The float64 reference where float64 itself would overflow: each row of x1 and x2 scaled
-    by a power of two (t) to a largest magnitude below 1. c and the loss do not change; dx1 of
-    the scaled row is dx1 / t1 (dx1 = coeff*(x2*r2 - c*x1*r1)*r1, x*r unchanged, r1 = t1*r1')."""
-    def scales(x):
-        top = np.abs(x).max(1)
-        return np.where(top > 1, 2.0 ** -np.frexp(top)[1].astype(np.float64), 1.0)[:, None]
-
-    t1, t2 = scales(x1), scales(x2)
-    a, b = x1 * t1, x2 * t2
-    loss = reference.forward(a, b, y, margin)
-    dx1, dx2 = reference.backward(dy, a, b, y, margin)
-    m1, m2 = reference.gradient_magnitudes(dy, a, b, y, margin)
-    return loss, dx1 * t1, dx2 * t2, m1 * t1, m2 * t2
-
-
 def _huge_cases():
     cases = [(cls, d, dtype) for dtype in ["f32"] + OTHER_DTYPES
              for cls, d in _cases(HUGE_WIDTHS, dtype) if d != 768]
@@ -380,7 +361,7 @@ def test_rows_up_to_the_largest_finite_values_give_the_formulas_results(emulator
     args, outputs = check.build_args(kernel, inputs, -0.5)
     emulator["random:1"](kernel, args)
     dy = inputs["dy"] * (inputs["scale"] if kernel.kind == "fused" else 1.0)
-    loss, dx1, dx2, m1, m2 = _reference_on_scaled_copies(x1, x2, inputs["y"], dy, -0.5)
+    loss, dx1, dx2, m1, m2 = reference_on_scaled_copies(x1, x2, inputs["y"], dy, -0.5)
     if kernel.kind == "forward":
         got_loss = outputs["out"]
     else:
