@@ -3,27 +3,30 @@
 This is the CPU path of cek.functional, not the emulator: it runs the algebra with NumPy
 instead of the `.cu` templates. Where g++ can build cek/cpu_native.cpp (cek.cpu_native), rows()
 runs that instead: the same operations in the same order, so the same bits, in one pass a row;
-the NumPy code below is then the fallback and the yardstick. Inputs are [N, D] C-contiguous float16, float32 or float64
-arrays; per-row values come back in the accumulation dtype (`accumulation_dtype`), gradients
-in the inputs' dtype, written into caller buffers when given.
+the NumPy code below is then the fallback and the yardstick. Inputs are [N, D] C-contiguous
+float16, float32 or float64 arrays, or uint16 arrays of bfloat16 bits (`bfloat16=True`);
+per-row values come back in the accumulation dtype (`accumulation_dtype`), gradients in the
+inputs' dtype (bfloat16: bits), written into caller buffers when given.
 
 Rows are processed in blocks of about BLOCK_BYTES per temporary, so the temporaries stay in
 cache and bounded (at most 7 per thread, whatever N), on up to MAX_THREADS threads (NumPy
-releases the GIL inside an operation). A float16 block is widened to float32 and its gradients
-rounded back with cek.dtypes' whole-array conversions: NumPy's float16 arithmetic and casts run
-element by element in software.
+releases the GIL inside an operation). A half-precision block (float16, bfloat16) is widened to
+float32 and its gradients rounded back with cek.dtypes' whole-array conversions: NumPy's
+float16 arithmetic and casts run element by element in software, and NumPy has no bfloat16.
 
-Half precision: float16 rows are accumulated in float32 and r1, r2 are formed separately, never
-sq1*sq2. Eager PyTorch forms the product in half, which overflows to inf for rows whose squared
-norms are each finite (identical vectors then get loss 1) and underflows to 0 for small ones
-(-inf); and a zero vector's EPS = 1e-12 rounds to 0 in half, giving NaN. In float32 none of
-those happen for any finite float16 row of up to 16384 elements.
+Half precision: float16 and bfloat16 rows are accumulated in float32 and r1, r2 are formed
+separately, never sq1*sq2. Eager PyTorch forms the product in half, which overflows to inf for
+rows whose squared norms are each finite (identical vectors then get loss 1) and underflows to
+0 for small ones (-inf); and a zero vector's EPS = 1e-12 rounds to 0 in half, giving NaN. In
+float32 none of those happen for any finite float16 row of up to 16384 elements.
 
 Huge rows: a squared norm above sqrt(max) of the accumulation dtype (float32: |x| from ~1e19)
 would overflow, or leave r1*r2 subnormal. Such a row (and only such a row: the test is one
-comparison per row) is recomputed from copies scaled by a power of two, exactly, and its
-gradient formed from the unit vectors: every finite input gets the documented formula's loss and
-gradients (EPS included; it is far below such a norm).
+comparison per row, after the ordinary pass) is recomputed from copies scaled by a power of
+two, exactly, and its gradient formed from the unit vectors: every finite input gets the
+documented formula's loss and gradients (EPS included; it is far below such a norm). Huge rows
+are recomputed in blocks as well, on the calling thread, so they too need at most 7 temporaries
+of BLOCK_BYTES, however many there are (float16 rows never get there; bfloat16 rows do).
 
 Every function is pure (no caches, no globals), so threads may call it at once, and every
 reduction is NumPy's fixed-order pairwise sum, so identical inputs give identical bits.
@@ -71,85 +74,45 @@ def row_coeff(c: np.ndarray, y: np.ndarray, margin, g) -> np.ndarray:
     return np.where(y == 1, -g, np.where((y == -1) & (c > margin), g, c.dtype.type(0)))
 
 
-def rows(x1, x2, y, margin, g=None, *, want_loss=True, want_grads=True, dx1=None, dx2=None):
+def rows(x1, x2, y, margin, g=None, *, want_loss=True, want_grads=True, dx1=None, dx2=None,
+         bfloat16=False):
     """(per-row loss [N] in the accumulation dtype or None, dx1, dx2 [N, D] like x1 or None).
 
     g: the upstream gradient of each row's loss, a number or an [N] array (needed for
     gradients). dx1, dx2: C-contiguous buffers like x1, not overlapping the inputs, to write
-    the gradients into; allocated when None.
+    the gradients into; allocated when None. bfloat16: x1 and x2 are uint16 arrays holding
+    bfloat16 bits, and so are dx1 and dx2.
     """
     n, d = x1.shape
-    acc = accumulation_dtype(x1.dtype)
+    kind = "bf16" if bfloat16 else dtypes.name_of(x1.dtype)
+    acc = dtypes.get(kind).acc
     loss = np.empty(n, acc) if want_loss else None
     if want_grads:
         dx1 = np.empty_like(x1) if dx1 is None else dx1
         dx2 = np.empty_like(x2) if dx2 is None else dx2
         g = np.broadcast_to(np.asarray(g, dtype=acc), (n,))
-    step = max(1, BLOCK_BYTES // (d * acc.itemsize))
-    starts = range(0, n, step)
-    n_threads = max(1, min(MAX_THREADS, _cpus(), len(starts)))
-    native = cpu_native.rows_function(x1.dtype) if n else None
-    if native is not None:
-        _native_rows(native, n_threads, x1, x2, y, margin, g if want_grads else None, loss,
-                     dx1 if want_grads else None, dx2 if want_grads else None)
-        return loss, (dx1 if want_grads else None), (dx2 if want_grads else None)
-
-    def run(thread: int) -> None:
-        """Blocks thread, thread + n_threads, ...: rows are independent, so which thread
-        computes a row changes none of its bits."""
-        work = _Work(min(step, n), d, acc, convert=x1.dtype != acc, grads=want_grads)
-        with np.errstate(over="ignore", invalid="ignore"):  # Inf and NaN propagate to their row
-            for start in starts[thread::n_threads]:
-                block = slice(start, min(n, start + step))
-                _block(work, x1[block], x2[block], y[block], margin,
-                       g[block] if want_grads else None,
-                       loss[block] if want_loss else None,
-                       dx1[block] if want_grads else None, dx2[block] if want_grads else None)
-
-    if n_threads == 1:
-        run(0)
-    else:  # NumPy releases the GIL inside each operation
-        with concurrent.futures.ThreadPoolExecutor(n_threads) as pool:
-            list(pool.map(run, range(n_threads)))
-    return loss, (dx1 if want_grads else None), (dx2 if want_grads else None)
+    else:
+        g = dx1 = dx2 = None
+    sq1, sq2 = np.empty(n, acc), np.empty(n, acc)  # the huge rows' test, after the pass
+    step = _block_rows(d, acc)
+    n_threads = max(1, min(MAX_THREADS, _cpus(), -(-n // step)))
+    native = cpu_native.rows_function(kind) if n else None
+    # Inf and NaN propagate to their row; a huge margin is inf in float32.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if native is not None:
+            _native_rows(native, n_threads, x1, x2, y, margin, g, loss, dx1, dx2, sq1, sq2)
+        else:
+            _numpy_rows(kind, n_threads, x1, x2, y, margin, g, loss, dx1, dx2, sq1, sq2)
+        limit = np.sqrt(np.finfo(acc).max)
+        huge = np.flatnonzero((sq1 > limit) | (sq2 > limit))
+        if huge.size:
+            _huge_rows(kind, huge, x1, x2, sq1, sq2, y, margin, g, loss, dx1, dx2)
+    return loss, dx1, dx2
 
 
-def _native_rows(function, n_threads, x1, x2, y, margin, g, loss, dx1, dx2) -> None:
-    """rows() through the compiled code (cek/cpu_native.cpp): the same bits, one pass a row.
-    Thread t takes the t-th of n_threads runs of consecutive rows."""
-    n, d = x1.shape
-    acc = accumulation_dtype(x1.dtype)
-    y = np.asarray(y)
-    label = (y == 1).astype(np.int8) - (y == -1).astype(np.int8)
-    sq1, sq2 = np.empty(n, acc), np.empty(n, acc)
-    if g is not None and g.strides[0] not in (0, acc.itemsize):
-        g = np.ascontiguousarray(g)
-    with np.errstate(over="ignore"):  # a huge margin is inf in float32, as in the NumPy code
-        margin_acc = float(acc.type(margin))
-    row, cell = d * x1.itemsize, acc.itemsize
-
-    def at(array, first, size):
-        return None if array is None else array.ctypes.data + first * size
-
-    def run(thread: int) -> None:
-        first, stop = n * thread // n_threads, n * (thread + 1) // n_threads
-        function(at(x1, first, row), at(x2, first, row), stop - first, d, at(label, first, 1),
-                 margin_acc, float(acc.type(EPS)),
-                 at(g, first, g.strides[0] if g is not None else 0),
-                 0 if g is None else g.strides[0] // cell,
-                 at(loss, first, cell), at(dx1, first, row), at(dx2, first, row),
-                 at(sq1, first, cell), at(sq2, first, cell))
-
-    if n_threads == 1:
-        run(0)
-    else:  # ctypes releases the GIL during the call
-        with concurrent.futures.ThreadPoolExecutor(n_threads) as pool:
-            list(pool.map(run, range(n_threads)))
-    limit = np.sqrt(np.finfo(acc).max)
-    huge = np.flatnonzero((sq1 > limit) | (sq2 > limit))
-    if huge.size:  # float32 and float64 only: a float16 row's squared norm stays below
-        with np.errstate(over="ignore", invalid="ignore"):
-            _huge_rows(huge, x1, x2, sq1, sq2, y, margin, g, loss, dx1, dx2)
+def _block_rows(d: int, acc: np.dtype) -> int:
+    """Rows of a block: about BLOCK_BYTES per temporary in the accumulation dtype."""
+    return max(1, BLOCK_BYTES // (d * acc.itemsize))
 
 
 def _cpus() -> int:
@@ -160,10 +123,61 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
+# -- the compiled rows -------------------------------------------------------------------------
+
+
+def _native_rows(function, n_threads, x1, x2, y, margin, g, loss, dx1, dx2, sq1, sq2) -> None:
+    """rows() through the compiled code (cek/cpu_native.cpp): the same bits, one pass a row,
+    on n_threads threads it starts itself (a Python thread pool would cost 0.3 ms a call)."""
+    n, d = x1.shape
+    acc = sq1.dtype
+    y = np.asarray(y)
+    label = (y == 1).astype(np.int8) - (y == -1).astype(np.int8)
+    if g is not None and g.strides[0] not in (0, acc.itemsize):
+        g = np.ascontiguousarray(g)
+
+    def pointer(array):
+        return None if array is None else array.ctypes.data
+
+    function(pointer(x1), pointer(x2), n, d, pointer(label), float(acc.type(margin)),
+             float(acc.type(EPS)), pointer(g), 0 if g is None else g.strides[0] // acc.itemsize,
+             pointer(loss), pointer(dx1), pointer(dx2), pointer(sq1), pointer(sq2), n_threads)
+
+
+# -- the NumPy code ----------------------------------------------------------------------------
+
+
+def _numpy_rows(kind, n_threads, x1, x2, y, margin, g, loss, dx1, dx2, sq1, sq2) -> None:
+    n, d = x1.shape
+    acc = sq1.dtype
+    step = _block_rows(d, acc)
+    starts = range(0, n, step)
+    half = kind in ("f16", "bf16")
+
+    def run(thread: int) -> None:
+        """Blocks thread, thread + n_threads, ...: rows are independent, so which thread
+        computes a row changes none of its bits."""
+        work = _Work(kind, min(step, n), d, acc, convert=half, grads=dx1 is not None)
+        with np.errstate(over="ignore", invalid="ignore"):  # errstate is per thread
+            for start in starts[thread::n_threads]:
+                block = slice(start, min(n, start + step))
+                _block(work, x1[block], x2[block], y[block], margin,
+                       None if g is None else g[block], None if loss is None else loss[block],
+                       None if dx1 is None else dx1[block], None if dx2 is None else dx2[block],
+                       sq1[block], sq2[block])
+
+    if n_threads == 1:
+        run(0)
+    else:  # NumPy releases the GIL inside each operation
+        with concurrent.futures.ThreadPoolExecutor(n_threads) as pool:
+            list(pool.map(run, range(n_threads)))
+
+
 class _Work:
     """The temporaries of one block, allocated once per call and reused by every block."""
 
-    def __init__(self, m: int, d: int, acc: np.dtype, convert: bool, grads: bool):
+    def __init__(self, kind: str, m: int, d: int, acc: np.dtype, convert: bool, grads: bool):
+        self.kind = kind
         self.t = np.empty((m, d), acc)
         self.a1 = np.empty((m, d), acc) if convert else None
         self.a2 = np.empty((m, d), acc) if convert else None
@@ -173,26 +187,37 @@ class _Work:
             if convert and grads else None
 
 
-def _widened(buffer, block):
-    """block in the accumulation dtype: itself, or a float16 block widened into `buffer`."""
-    if buffer is None:
-        return block
-    return dtypes.half_to_float(block, buffer[: len(block)])
+def _widened(kind, block, buffer):
+    """block in the accumulation dtype: itself, or a half-precision block widened into
+    `buffer` (allocated when None)."""
+    if kind == "f16":
+        buffer = np.empty(block.shape, np.float32) if buffer is None else buffer
+        return dtypes.half_to_float(block, buffer[: len(block)])
+    if kind == "bf16":
+        buffer = np.empty(block.shape, np.float32) if buffer is None else buffer
+        return dtypes.bfloat16_to_float(block, buffer[: len(block)])
+    return block
 
 
-def _block(work, x1, x2, y, margin, g, loss, dx1, dx2):
+def _rounded(kind, values, out, bits):
+    """float32 `values` rounded into the half-precision `out` (float32 too large for float16
+    becomes inf); bits: two uint32 scratch arrays of the shape."""
+    if kind == "f16":
+        return dtypes.float_to_half(values, out, bits)
+    return dtypes.float_to_bfloat16(values, out, bits)
+
+
+def _block(work, x1, x2, y, margin, g, loss, dx1, dx2, sq1_out, sq2_out):
     m = len(x1)
-    a1, a2 = _widened(work.a1, x1), _widened(work.a2, x2)
+    a1, a2 = _widened(work.kind, x1, work.a1), _widened(work.kind, x2, work.a2)
     t = work.t[:m]
-    sq1 = _row_sum(np.multiply(a1, a1, out=t))
-    sq2 = _row_sum(np.multiply(a2, a2, out=t))
+    sq1 = sq1_out[...] = _row_sum(np.multiply(a1, a1, out=t))
+    sq2 = sq2_out[...] = _row_sum(np.multiply(a2, a2, out=t))
     dot = _row_sum(np.multiply(a1, a2, out=t))
     eps = a1.dtype.type(EPS)
     r1 = 1 / np.sqrt(sq1 + eps)
     r2 = 1 / np.sqrt(sq2 + eps)
     c = dot * r1 * r2
-    limit = np.sqrt(np.finfo(a1.dtype).max)
-    huge = np.flatnonzero((sq1 > limit) | (sq2 > limit))
     if loss is not None:
         loss[...] = row_loss(c, y, margin)
     if dx1 is not None:
@@ -206,45 +231,77 @@ def _block(work, x1, x2, y, margin, g, loss, dx1, dx2):
             result = out if wide is None else wide[:m]
             np.multiply(b, p[:, None], out=result)
             np.subtract(result, np.multiply(a, q[:, None], out=t), out=result)
-        if work.g1 is not None:  # float32 too large for float16 becomes inf
+        if work.g1 is not None:
             bits = tuple(b[:m] for b in work.bits)
-            dtypes.float_to_half(work.g1[:m], dx1, bits)
-            dtypes.float_to_half(work.g2[:m], dx2, bits)
-    if huge.size:
-        _huge_rows(huge, a1, a2, sq1, sq2, y, margin, g, loss, dx1, dx2)
+            _rounded(work.kind, work.g1[:m], dx1, bits)
+            _rounded(work.kind, work.g2[:m], dx2, bits)
+
+
+# -- huge rows ---------------------------------------------------------------------------------
+
+
+def _huge_rows(kind, index, x1, x2, sq1, sq2, y, margin, g, loss, dx1, dx2):
+    """Recompute the rows `index` (see the module's docstring) a block at a time."""
+    step = _block_rows(x1.shape[1], sq1.dtype)
+    for start in range(0, len(index), step):
+        _huge_block(kind, index[start:start + step], x1, x2, sq1, sq2, y, margin, g, loss,
+                    dx1, dx2)
+
+
+def _finite_rows(a):
+    """Per row: no Inf and no NaN (max and min carry a NaN; no temporary of the row's size)."""
+    return np.isfinite(np.max(a, axis=1)) & np.isfinite(np.min(a, axis=1))
 
 
 def _power_of_two_scale(a, sq, limit):
-    """Per row: 2^-e with 2^(e-1) <= max|x| < 2^e where sq > limit, else 1. Multiplying by it
-    is exact (bar elements below 2^-126 of the row's largest, which cannot count)."""
-    exponent = np.frexp(np.max(np.abs(a), axis=1))[1]
+    """Per row of finite values: 2^-e with 2^(e-1) <= max|x| < 2^e where sq > limit, else 1.
+    Multiplying by it is exact (bar elements below 2^-126 of the row's largest, which cannot
+    count)."""
+    exponent = np.frexp(np.maximum(np.max(a, axis=1), -np.min(a, axis=1)))[1]
     return np.where(sq > limit, np.ldexp(a.dtype.type(1), -exponent), a.dtype.type(1))
 
 
-def _huge_rows(index, a1, a2, sq1, sq2, y, margin, g, loss, dx1, dx2):
-    """Recompute the rows `index` of a block from scaled copies (see the module's docstring):
-    r = s*rho with rho = 1/sqrt(sq' + EPS*s^2) of the scaled row, c = dot'*rho1*rho2 and
-    dx1 = coeff*(u2 - c*u1)*r1 with u the unit vectors x'*rho. A row with an Inf or NaN keeps
-    its NaN results."""
-    index = index[np.isfinite(a1[index]).all(axis=1) & np.isfinite(a2[index]).all(axis=1)]
+def _huge_block(kind, index, x1, x2, sq1, sq2, y, margin, g, loss, dx1, dx2):
+    """The rows `index` from scaled copies: r = s*rho with rho = 1/sqrt(sq' + EPS*s^2) of the
+    scaled row, c = dot'*rho1*rho2 and dx1 = coeff*(u2 - c*u1)*r1 with u the unit vectors
+    x'*rho. A row with an Inf or NaN keeps its NaN results. Works in place on the two copies
+    with one more temporary (half precision: and the rounding's three)."""
+    a1, a2 = _widened(kind, x1[index], None), _widened(kind, x2[index], None)
+    finite = _finite_rows(a1) & _finite_rows(a2)
+    if not finite.all():
+        index, a1, a2 = index[finite], a1[finite], a2[finite]
     if not index.size:
         return
-    a1, a2, y = a1[index], a2[index], y[index]
+    y = y[index]
     limit = np.sqrt(np.finfo(a1.dtype).max)
     s1 = _power_of_two_scale(a1, sq1[index], limit)
     s2 = _power_of_two_scale(a2, sq2[index], limit)
-    b1, b2 = a1 * s1[:, None], a2 * s2[:, None]
+    a1 *= s1[:, None]  # the scaled rows x1', x2'
+    a2 *= s2[:, None]
     eps = a1.dtype.type(EPS)
-    rho1 = 1 / np.sqrt(_row_sum(b1 * b1) + eps * s1 * s1)
-    rho2 = 1 / np.sqrt(_row_sum(b2 * b2) + eps * s2 * s2)
-    c = _row_sum(b1 * b2) * rho1 * rho2
+    t = np.multiply(a1, a1)
+    rho1 = 1 / np.sqrt(_row_sum(t) + eps * s1 * s1)
+    rho2 = 1 / np.sqrt(_row_sum(np.multiply(a2, a2, out=t)) + eps * s2 * s2)
+    c = _row_sum(np.multiply(a1, a2, out=t)) * rho1 * rho2
     if loss is not None:
         loss[index] = row_loss(c, y, margin)
-    if dx1 is not None:
-        coeff = row_coeff(c, y, margin, g[index])[:, None]
-        u1, u2 = b1 * rho1[:, None], b2 * rho2[:, None]
-        dx1[index] = coeff * (u2 - c[:, None] * u1) * (s1 * rho1)[:, None]
-        dx2[index] = coeff * (u1 - c[:, None] * u2) * (s2 * rho2)[:, None]
+    if dx1 is None:
+        return
+    coeff = row_coeff(c, y, margin, g[index])[:, None]
+    a1 *= rho1[:, None]  # the unit vectors u1, u2
+    a2 *= rho2[:, None]
+    if kind in ("f16", "bf16"):
+        bits = (np.empty(t.shape, np.uint32), np.empty(t.shape, np.uint32))
+        rounded = np.empty(t.shape, dx1.dtype)
+    for u, v, s, rho, out in ((a1, a2, s1, rho1, dx1), (a2, a1, s2, rho2, dx2)):
+        np.multiply(c[:, None], u, out=t)
+        np.subtract(v, t, out=t)
+        np.multiply(coeff, t, out=t)
+        t *= (s * rho)[:, None]
+        if kind in ("f16", "bf16"):
+            out[index] = _rounded(kind, t, rounded, bits)
+        else:
+            out[index] = t
 
 
 def forward(x1, x2, y, margin) -> np.ndarray:

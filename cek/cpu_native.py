@@ -1,6 +1,7 @@
 """cpu_native.cpp built for this machine with g++, cached by content, loaded with ctypes.
 
-cek.cpu calls `rows_function(dtype)`; None means "use NumPy": no g++ on PATH, a build that
+cek.cpu calls `rows_function(name)` with the kernels' dtype name (f16, bf16, f32, f64: bfloat16
+comes as uint16 bits); None means "use NumPy": no g++ on PATH, a build that
 failed, a cache folder that cannot be written, or CEK_CPU_NATIVE=0 in the environment. The
 compiled rows are bitwise those of the NumPy code, so which one ran changes no result, only
 the time (docs/cpu.md). `unavailable_reason()` says why NumPy is used.
@@ -19,12 +20,11 @@ import os
 import subprocess
 from pathlib import Path
 
-import numpy as np
-
 SOURCE = Path(__file__).resolve().parent / "cpu_native.cpp"
 FLAGS = ("-std=c++20", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno",
-         "-fPIC", "-shared", "-fvisibility=hidden", "-fdiagnostics-color=never")
-_ACC = {"float16": ctypes.c_float, "float32": ctypes.c_float, "float64": ctypes.c_double}
+         "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-fdiagnostics-color=never")
+_ACC = {"f16": ctypes.c_float, "bf16": ctypes.c_float, "f32": ctypes.c_float,
+        "f64": ctypes.c_double}
 _why_not: list[str] = []
 
 
@@ -32,18 +32,18 @@ def enabled() -> bool:
     return os.environ.get("CEK_CPU_NATIVE", "1") != "0"
 
 
-def rows_function(dtype: np.dtype):
-    """The compiled `cek_cpu_rows_<dtype>`, or None when the NumPy code must run."""
+def rows_function(name: str):
+    """The compiled `cek_cpu_rows_<name>`, or None when the NumPy code must run. Its last
+    argument is the number of threads to split the rows over."""
     if not enabled():
         return None
     library = _library()
     if library is None:
         return None
-    name = np.dtype(dtype).name
     function = getattr(library, f"cek_cpu_rows_{name}")
     acc, pointer, size = _ACC[name], ctypes.c_void_p, ctypes.c_int64
     function.argtypes = [pointer, pointer, size, size, pointer, acc, acc, pointer, size,
-                         pointer, pointer, pointer, pointer, pointer]
+                         pointer, pointer, pointer, pointer, pointer, size]
     function.restype = None
     return function
 

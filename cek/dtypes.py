@@ -138,3 +138,34 @@ def float_to_half(values: np.ndarray, out: np.ndarray, scratch: tuple) -> np.nda
     half |= size
     np.copyto(out.view(np.uint16), half, casting="unsafe")
     return out
+
+
+# -- bfloat16 bits <-> float32 on the CPU, in place ----------------------------------------------
+# widen and from_float above allocate several whole-array temporaries; cek.cpu converts a block
+# of rows at a time into buffers it reuses, so its memory stays bounded.
+
+
+def bfloat16_to_float(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bfloat16 `bits` (uint16) widened into float32 `out` of their shape (exact)."""
+    np.left_shift(bits, _U32(16), out=out.view(_U32))
+    return out
+
+
+def float_to_bfloat16(values: np.ndarray, out: np.ndarray, scratch: tuple) -> np.ndarray:
+    """float32 `values` rounded into bfloat16 bits `out` (uint16), as from_float rounds (nearest
+    even, overflow to Inf, NaN stays NaN). scratch: two uint32 arrays of the shape, overwritten."""
+    bits = values.view(_U32)
+    rounded, nan = scratch
+    np.right_shift(bits, _U32(16), out=rounded)
+    rounded &= _U32(1)
+    rounded += bits  # wraps modulo 2^32 exactly as from_float's sum does
+    rounded += _U32(0x7FFF)
+    rounded >>= _U32(16)
+    np.bitwise_and(bits, _U32(0x7FFFFFFF), out=nan)
+    where = nan > _U32(0x7F800000)
+    if where.any():
+        np.right_shift(bits, _U32(16), out=nan)
+        nan |= _U32(0x40)
+        np.copyto(rounded, nan, where=where)
+    np.copyto(out, rounded, casting="unsafe")
+    return out

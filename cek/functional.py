@@ -15,6 +15,13 @@ the result is the same bits on every run.
 NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in float64, and
 results come back in the input dtype.
 
+bfloat16, which NumPy lacks, comes as its bits: `dtype="bfloat16"` says that x1 and x2 are uint16
+arrays holding bfloat16 values (a torch.bfloat16 tensor's bits, as from `.view(torch.int16)`).
+It accumulates in float32, and the results (loss, dx1, dx2) and their `out` buffers are bfloat16
+bits too, rounded to nearest even once from float32, as the kernels round; target and grad
+stay values of any real dtype, as for the other dtypes. On NumPy arrays no float32 copy of
+x1 or x2 is made: rows are widened a block at a time (cek.cpu).
+
 Non-contiguous inputs (transposed or sliced views) are copied to a C-contiguous array first, on
 either path. Every check runs before any work, so on an error a caller's `out` buffers are
 untouched.
@@ -23,6 +30,7 @@ untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 
 import numpy as np
@@ -40,7 +48,7 @@ __all__ = [
 
 
 def cosine_embedding_loss(x1, x2, target, margin=0.0, reduction="mean", *,
-                          validate_target=False, out=None):
+                          validate_target=False, out=None, dtype=None):
     """The loss: a 0-d array for reduction "mean" and "sum", one value per row for "none".
 
     x1, x2: (N, D) or (D,) float16/32/64 arrays, both NumPy or both CuPy on one device.
@@ -48,8 +56,10 @@ def cosine_embedding_loss(x1, x2, target, margin=0.0, reduction="mean", *,
     validate_target: raise ValueError naming the first label that is not +-1, and its row,
     instead of giving such rows loss 0 (on a GPU this reads one value back: a synchronisation).
     out: an array of the result's shape and the inputs' dtype to write into; it is returned.
+    dtype: None (x1's own), or "bfloat16" for uint16 arrays x1, x2 of bfloat16 bits (the
+    module's docstring): the result and `out` are then bits as well.
     """
-    problem = _check(x1, x2, target, margin, reduction)
+    problem = _check(x1, x2, target, margin, reduction, dtype)
     (out,) = validate.check_out(out, problem, (problem.loss_shape,), ("out",)) or (None,)
     if validate_target:
         validate.check_labels(target, problem.batched)
@@ -59,14 +69,14 @@ def cosine_embedding_loss(x1, x2, target, margin=0.0, reduction="mean", *,
 
 
 def cosine_embedding_loss_backward(grad, x1, x2, target, margin=0.0, reduction="mean", *,
-                                   validate_target=False, out=None):
+                                   validate_target=False, out=None, dtype=None):
     """(dx1, dx2), the gradients of the loss for the upstream gradient `grad`.
 
     grad: a number or 0-d array for reduction "mean" and "sum"; for "none", an array shaped like
     the per-row loss. out: a pair of arrays shaped and typed like x1 to write into.
     Other arguments, dtypes and devices as in cosine_embedding_loss.
     """
-    problem = _check(x1, x2, target, margin, reduction)
+    problem = _check(x1, x2, target, margin, reduction, dtype)
     validate.check_grad(grad, problem)
     out = validate.check_out(out, problem, (problem.input_shape,) * 2, ("dx1", "dx2"))
     if validate_target:
@@ -77,14 +87,14 @@ def cosine_embedding_loss_backward(grad, x1, x2, target, margin=0.0, reduction="
 
 
 def cosine_embedding_loss_fused(x1, x2, target, margin=0.0, reduction="mean", grad=None, *,
-                                validate_target=False, out=None):
+                                validate_target=False, out=None, dtype=None):
     """(loss, dx1, dx2) from one pass over x1 and x2 (one kernel launch on a GPU).
 
     grad: the upstream gradient, as in cosine_embedding_loss_backward; None means 1 for "mean"
     and "sum" and ones for "none". out: a triple (loss, dx1, dx2) of arrays to write into.
     Other arguments, dtypes and devices as in cosine_embedding_loss.
     """
-    problem = _check(x1, x2, target, margin, reduction)
+    problem = _check(x1, x2, target, margin, reduction, dtype)
     if grad is not None:  # None: _upstream gives every row the reduction's own scale
         validate.check_grad(grad, problem)
     shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
@@ -98,13 +108,39 @@ def cosine_embedding_loss_fused(x1, x2, target, margin=0.0, reduction="mean", gr
 # -- shared steps ------------------------------------------------------------------------------
 
 
-def _check(x1, x2, target, margin, reduction) -> validate.Problem:
+def _check(x1, x2, target, margin, reduction, dtype) -> validate.Problem:
+    """The Problem; for dtype="bfloat16" its dtype is uint16, which means bfloat16 bits from
+    here on (validate refuses uint16 inputs otherwise)."""
+    if dtype is not None:
+        x1, x2 = _bfloat16_views(x1, x2, dtype)
     problem = validate.check_inputs(x1, x2, target, margin, reduction)
+    if dtype is not None:
+        problem = dataclasses.replace(problem, dtype=np.dtype(np.uint16))
     if problem.kind == "cupy":
         gpu.require_cupy()
         validate.check_gpu_problem(problem.n_rows, problem.n_dim,
                                    CosineEmbeddingLossFused.max_block_size)
     return problem
+
+
+def _bfloat16_views(x1, x2, dtype):
+    """x1 and x2 as float16 views of their bits, so that validate's checks (array kind, masked
+    arrays, device, shapes) are the public functions' own; nothing is copied."""
+    if not isinstance(dtype, str) or dtype != "bfloat16":
+        raise ValueError(f"dtype must be None or 'bfloat16', got {dtype!r}")
+    views = []
+    for name, x in (("x1", x1), ("x2", x2)):
+        if validate.array_kind(x) is None or x.dtype != np.uint16:
+            got = str(x.dtype) if validate.array_kind(x) else type(x).__name__
+            raise TypeError(f"dtype='bfloat16' takes {name} as a uint16 array of bfloat16 bits, "
+                            f"got {got}")
+        views.append(x.view(np.float16))
+    return views
+
+
+def _kernel_dtype(problem: validate.Problem) -> str:
+    """The kernels' dtype name: uint16 inputs are bfloat16 bits (see _check)."""
+    return "bf16" if problem.dtype == np.uint16 else dtypes.name_of(problem.dtype)
 
 
 def _xp(problem: validate.Problem):
@@ -129,7 +165,7 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
     # formula defines, not warnings (which `-W error` would turn into exceptions).
     with on_device, np.errstate(over="ignore", invalid="ignore"):
         if n == 0:
-            acc = cpu.accumulation_dtype(problem.dtype)
+            acc = dtypes.get(_kernel_dtype(problem)).acc
             rows = xp.zeros(0, dtype=acc)
             dx1 = dx2 = xp.zeros((0, d), dtype=acc) if want_grads else None
         elif xp is np:
@@ -139,7 +175,7 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
             rows, dx1, dx2 = _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out)
         loss = _reduce(xp, rows, problem.reduction) if want_loss else None
         shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
-        return tuple(None if value is None else _deliver(value, shape, problem.dtype, buffer)
+        return tuple(None if value is None else _deliver(xp, value, shape, problem, buffer)
                      for value, shape, buffer in zip((loss, dx1, dx2), shapes, out))
 
 
@@ -152,8 +188,11 @@ def _reduce(xp, rows, reduction):
     return rows.mean() if reduction == "mean" else rows.sum()
 
 
-def _deliver(value, shape, dtype, buffer):
+def _deliver(xp, value, shape, problem, buffer):
     value = value.reshape(shape)
+    dtype = problem.dtype
+    if dtype == np.uint16 and value.dtype != dtype:  # a float32 loss to bfloat16 bits
+        value = dtypes.from_float(value, "bf16", xp)
     if buffer is None:
         with np.errstate(over="ignore"):  # a float32 result too large for float16 becomes inf
             result = value.astype(dtype, copy=False)
@@ -184,13 +223,13 @@ def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     y = np.asarray(target).reshape(n)
     g = None
     if want_grads:
-        acc = cpu.accumulation_dtype(problem.dtype)
+        acc = dtypes.get(_kernel_dtype(problem)).acc
         dy, scale = _upstream(problem, grad)
         g = acc.type(scale) if dy is None else np.asarray(dy, dtype=acc) * acc.type(scale)
     inputs = (a1, a2, y) if grad is None or np.isscalar(grad) else (a1, a2, y, grad)
     dest = [_numpy_direct(buffer, (n, d), inputs) for buffer in out[1:]]
     return cpu.rows(a1, a2, y, problem.margin, g, want_loss=want_loss, want_grads=want_grads,
-                    dx1=dest[0], dx2=dest[1])
+                    dx1=dest[0], dx2=dest[1], bfloat16=_kernel_dtype(problem) == "bf16")
 
 
 def _numpy_direct(buffer, shape, inputs):
@@ -211,7 +250,7 @@ def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     input) are written in place."""
     cupy = gpu.require_cupy()
     n, d = problem.n_rows, problem.n_dim
-    dtype = dtypes.name_of(problem.dtype)
+    dtype = _kernel_dtype(problem)
     acc = dtypes.get(dtype).acc
     a1 = cupy.ascontiguousarray(x1).reshape(n, d)
     a2 = cupy.ascontiguousarray(x2).reshape(n, d)
