@@ -11,7 +11,8 @@ Rows. Each row is handed over the moment it is timed (the CLI prints it and rewr
 file), so a run killed by a timeout keeps every figure it measured. A row also carries the copy
 bandwidth its percentage is of, the wall time of the provider's first, checked call (building
 it included: torch.compile's compile time), and the static report's figures for the kernel and
-shape (`cek.report.static_row`), attached after the kernel's timings.
+shape (`cek.report.static_row`), attached after the kernel's timings and handed over again
+then.
 
 All providers run on CuPy's current stream, the legacy default stream that PyTorch's default
 stream also is, so the events bracket the torch work as well.
@@ -176,25 +177,38 @@ class Bench:
         return gb_per_s(2 * src.nbytes, median)
 
 
+def _torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def present(wanted) -> list[str]:
+    """The providers of `wanted` that run here, in the order they run: cek always, cupy when
+    wanted, torch's when wanted and torch is installed."""
+    names = ["cek", *(["cupy"] if "cupy" in wanted else [])]
+    if set(TORCH_PROVIDERS) & set(wanted) and _torch_or_none() is not None:
+        names += [name for name in TORCH_PROVIDERS if name in wanted]
+    return names
+
+
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
-    """Provider name -> build: build() gives (run, outputs), run() launches, outputs() gives
-    name -> host array. Building is left to the caller, inside the guard that turns a
-    provider's failure into a reported one (building torch's backward graph runs
-    torch.compile, which can fail)."""
+    """Provider name -> build, for present(wanted): build() gives (run, outputs), run()
+    launches, outputs() gives name -> host array. Building is left to the caller, inside the
+    guard that turns a provider's failure into a reported one (building torch's backward graph
+    runs torch.compile, which can fail)."""
     kind = kernel.kind  # the *_rows variants have their twin's baselines
-    out = {"cek": partial(_cek_provider, bench, kernel, margin)}
-    if "cupy" in wanted:
-        out["cupy"] = partial(_cupy_provider, bench.cupy, bench, kind, margin)
-    if set(TORCH_PROVIDERS) & set(wanted):
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        if torch is not None:
-            for name in TORCH_PROVIDERS:
-                if name in wanted:
-                    out[name] = partial(_torch_provider, torch, bench, kind, margin,
-                                        name == "torch-compile")
+    out = {}
+    for name in present(wanted):
+        if name == "cek":
+            out[name] = partial(_cek_provider, bench, kernel, margin)
+        elif name == "cupy":
+            out[name] = partial(_cupy_provider, bench.cupy, bench, kind, margin)
+        else:
+            out[name] = partial(_torch_provider, _torch_or_none(), bench, kind, margin,
+                                name == "torch-compile")
     return out
 
 
@@ -335,39 +349,48 @@ def static_target(cupy, name: str) -> tuple[str, str | None]:
     return arch, next((g for g in STATIC_GPUS if g in name), None)
 
 
-_said = set()  # what static_figures has said on stderr: each thing once
+_said = set()  # what static_figures has said: each thing once
 
 
-def static_figures(kernel: Kernel, n_rows: int, n_dim: int, arch: str, gpu: str | None):
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def static_figures(kernel: Kernel, n_rows: int, n_dim: int, arch: str, gpu: str | None,
+                   warn=_to_stderr):
     """cek.report.static_row for the kernel and shape, or None when the report is missing or
-    fails (said once on stderr): a measurement must never be lost to it."""
+    fails (said once through `warn`): a measurement must never be lost to it."""
     try:
         from cek.report import static_row
     except ImportError as exc:
-        _say_once(f"no static report beside the timings: cek.report is missing ({exc})")
+        _say_once(f"no static report beside the timings: cek.report is missing ({exc})", warn)
         return None
     try:
         return static_row(kernel, n_rows, n_dim, arch=arch, gpu=gpu)
     except Exception as exc:  # noqa: BLE001 - reported; the timing goes on without it
-        _say_once(f"no static report for {kernel.id}: {type(exc).__name__}: {exc}")
+        _say_once(f"no static report for {kernel.id}: {type(exc).__name__}: {exc}", warn)
         return None
 
 
-def _say_once(message: str) -> None:
+def _say_once(message: str, warn) -> None:
     if message not in _said:
         _said.add(message)
-        print(f"cek bench: {message}", file=sys.stderr)
+        warn(f"cek bench: {message}")
 
 
 def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[str],
               repeat: int, margin: float = 0.0, log=print, dtype: str = "f32",
-              on_row=None) -> tuple[list[BenchRow], list[str]]:
-    """Rows for every (kernel, provider) that passed its check, and the failures. Each row is
-    handed to on_row(row) as soon as it is timed, so a run cut short keeps what it timed, and
-    again, the same object, once the kernel's static figures are attached: they come after the
-    timings, so that nothing the static report does can cost a measured figure. cek runs first,
-    so each baseline's row already has cek's speed-up over it."""
+              on_row=None, on_static=None, warn=_to_stderr) -> tuple[list[BenchRow], list[str]]:
+    """Rows for every (kernel, provider) that passed its check, and the failures.
+
+    Each row is handed to on_row(row) as soon as it is timed, so a run cut short keeps what it
+    timed. Once a kernel's providers are all timed, its static figures are attached to its rows
+    (None where the report is missing or fails, said through `warn`) and the rows handed
+    together to on_static(rows): the report comes after the timings, so that nothing it does
+    can cost a measured figure. `log(message)` says what runs now. cek runs first, so each
+    baseline's row already has cek's speed-up over it."""
     on_row = on_row or (lambda row: None)
+    on_static = on_static or (lambda rows: None)
     bench = Bench(n_rows, n_dim, repeat, dtype)
     copy_gbs = bench.copy_bandwidth()
     log(f"copy bandwidth {copy_gbs:.0f} GB/s ({n_rows}x{n_dim} {dtype})")
@@ -396,10 +419,11 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
                                   100 * gbs / copy_gbs, speedup, copy_gbs, first_s, None, name,
                                   vers, stamp))
             on_row(timed[-1])
-        static = static_figures(kernel, n_rows, n_dim, arch, static_gpu) if timed else None
-        for row in timed:
-            row.static = static
-            on_row(row)
+        if timed:
+            static = static_figures(kernel, n_rows, n_dim, arch, static_gpu, warn)
+            for row in timed:
+                row.static = static
+            on_static(timed)
         rows += timed
     return rows, failures
 

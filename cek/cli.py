@@ -8,8 +8,9 @@ cannot be written); 2 usage (a bad option or value). Every error is printed as `
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import errno
+import importlib.util
 import json
 import os
 import sys
@@ -61,8 +62,25 @@ def _stdout_failed(exc: OSError) -> click.ClickException:
     return click.ClickException(f"cannot write to standard output: {exc.strerror or exc}")
 
 
+def _os_error(exc: OSError) -> click.ClickException:
+    """The one-line error (exit 1) of an OSError: stdout refusing writes, or a file."""
+    if _while_echoing_to_stdout(exc):
+        return _stdout_failed(exc)
+    return click.ClickException(_failure_message(exc))
+
+
 class Cli(click.Group):
     """The group that maps the library's exceptions to exit codes, once for every command."""
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        # `cek --help` and `cek --version` print while the group's options are parsed, before
+        # invoke: a stdout that refuses them is caught here.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # `cek --help | head`: click ends quietly
+                raise
+            raise _os_error(exc) from exc
 
     def invoke(self, ctx: click.Context):
         try:
@@ -70,9 +88,7 @@ class Cli(click.Group):
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # `cek list | head`: click ends quietly
                 raise
-            if _while_echoing_to_stdout(exc):
-                raise _stdout_failed(exc) from exc
-            raise click.ClickException(_failure_message(exc)) from exc
+            raise _os_error(exc) from exc
         except (ValueError, TypeError, OverflowError) as exc:  # a user's value the library refused
             raise click.UsageError(str(exc)) from exc
         except (NoDeviceError, CompileError, check.CaseError, ImportError, MemoryError) as exc:
@@ -84,6 +100,47 @@ class Cli(click.Group):
                 raise
             raise _stdout_failed(exc) from exc
         return result
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+class _Progress:
+    """Progress on stderr: a bar when stderr is a terminal, nothing when it is piped (a log file
+    gets no bar frames, and stdout stays data). `echo` prints a line while the bar is drawn."""
+
+    def __init__(self, bar):
+        self._bar = bar
+
+    def advance(self, steps: int = 1, now: str | None = None) -> None:
+        """`steps` more done; `now`, when given, is shown beside the bar: what runs now."""
+        if self._bar is not None:
+            self._bar.update(steps, now)
+            self._bar.render_progress()  # update draws only after a step; `now` is news too
+
+    def echo(self, line: str, err: bool = False) -> None:
+        """`line` on stdout (stderr with err), above the bar: the bar's line is erased first
+        so that the line does not land inside it, and drawn again below."""
+        if self._bar is None:
+            click.echo(line, err=err)
+            return
+        click.echo("\r\033[K", nl=False, err=True)
+        click.echo(line, err=err)
+        click.echo("\r" + self._bar.format_progress_line(), nl=False, err=True)
+
+
+@contextlib.contextmanager
+def _progress(total: int, label: str):
+    """A _Progress of `total` steps, labelled `label`."""
+    if not _stderr_is_terminal():
+        yield _Progress(None)
+        return
+    # show_pos: the count changes at every step, so the bar is drawn again after every line
+    # echoed above it even when the percentage does not change.
+    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
+                           show_percent=True, item_show_func=lambda now: now) as bar:
+        yield _Progress(bar)
 
 
 def _table(rows: list[dict], columns: list[str]) -> str:
@@ -352,12 +409,9 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
     cases = check.plan(kernel_names or KERNEL_NAMES, _chosen(dtype_names, DTYPE_NAMES),
                        n_dims or check.N_DIMS)
-    total = len(cases) * len(check.MARGINS)
-    if sys.stderr.isatty():  # a bar on a terminal; nothing when piped
-        with click.progressbar(length=total, label="checking", file=sys.stderr) as bar:
-            results = check.run_cases(cases, launch, label, n_rows, on_case=lambda r: bar.update(1))
-    else:
-        results = check.run_cases(cases, launch, label, n_rows)
+    with _progress(len(cases) * len(check.MARGINS), "checking") as progress:
+        results = check.run_cases(cases, launch, label, n_rows,
+                                  on_case=lambda r: progress.advance())
     rows = [vars(r) for r in results]
     failed = [r for r in rows if not r["passed"]]
     if as_json:
@@ -384,42 +438,84 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(part, path)
 
 
-def _bench_usage(message: str):
-    """A bad option value of cek bench: one line, exit 2, before any work."""
-    click.echo(f"cek bench: {message}", err=True)
-    sys.exit(2)
-
-
 def _check_writable(path: Path | None, option: str) -> None:
-    """Exit 2 unless a file can be created beside `path`: found after the run, it would cost
-    every result. A file is created and removed there (permission bits do not bind root)."""
+    """An error (exit 1) unless a file can be created beside `path`: found after the run, it
+    would cost every result. A file is created and removed there (permission bits do not bind
+    root)."""
     if path is None:
         return
-    if path.is_dir():
-        _bench_usage(f"{option} {path} is a folder")
     try:
         tempfile.TemporaryFile(dir=path.parent or ".").close()
     except OSError as exc:
-        _bench_usage(f"{option} {path} cannot be written: {exc.strerror or exc}")
+        raise click.ClickException(f"cannot write to {option} {path}: {exc.strerror or exc}") \
+            from exc
 
 
-def _stderr_is_terminal() -> bool:
-    return sys.stderr.isatty()
+def _n_rows_value(ctx, param, value: str) -> int | str:
+    if value == "auto" or (value.isdigit() and 1 <= int(value) <= MAX_ROWS):
+        return value if value == "auto" else int(value)
+    raise click.BadParameter(f"must be a positive integer below 2**31 or 'auto', got {value!r}")
 
 
+def _baselines_value(ctx, param, value: str) -> list[str]:
+    from cek.bench import PROVIDERS
+
+    names = [] if value == "none" else [b.strip() for b in value.split(",") if b.strip()]
+    unknown = sorted(set(names) - set(PROVIDERS[1:]))
+    if unknown:
+        raise click.BadParameter(f"unknown baseline {unknown[0]!r}; choose from "
+                                 f"{', '.join(PROVIDERS[1:])} (or 'none')")
+    return list(dict.fromkeys(names))
+
+
+def _margin_value(ctx, param, value: float) -> float:
+    from cek import validate
+
+    try:
+        return validate.check_margin(value)  # the library's rule: the API refuses the same
+    except (ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+# The bench table, in fixed columns so that each row can be printed the moment it is timed.
+# The static columns are those of `cek compile --report`, for the kernel and shape: they come
+# after the kernel's timings, on a line of their own, "(static)" in the provider column.
 BENCH_COLUMNS = [("kernel", 13), ("provider", 13), ("dtype", 5), ("shape", 12), ("median_ms", 9),
                  ("p20_ms", 9), ("p80_ms", 9), ("gb_per_s", 8), ("pct_of_copy", 11),
-                 ("cek_speedup", 11), ("first_s", 7)]
+                 ("cek_speedup", 11), ("first_s", 7), ("rounds", 6), ("occ%", 4),
+                 ("inflight/SM", 11), ("need/SM", 7)]
+STATIC_PROVIDER = "(static)"
 
 
-def _bench_line(row: dict | None) -> str:
-    """One line of the bench table (the header for None), in fixed columns so that each row
-    can be printed the moment it is timed."""
+def _fact(static, *keys):
+    """static[keys[0]][keys[1]]..., or None where the report has no such number (no nvdisasm,
+    or an older report): a table line never fails on the report's figures."""
+    value = static
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _static_cells(static) -> list[str]:
+    rounds, occupancy = _fact(static, "sass", "load_rounds"), _fact(static, "occupancy")
+    kib = [_fact(static, key) for key in ("bytes_in_flight_per_sm", "needed_bytes_in_flight_per_sm")]
+    return ["-" if rounds is None else str(rounds),
+            "-" if occupancy is None else f"{100 * occupancy:.0f}",
+            *("-" if b is None else f"{b / 1024:.0f}K" for b in kib)]
+
+
+def _bench_line(row: dict | None, static: bool = False) -> str:
+    """The header (row None); a measured row as timed; or, with static, the static line of the
+    row's kernel and shape."""
+    shape = None if row is None else f"{row['n_rows']}x{row['n_dim']}"
     if row is None:
         cells = [name for name, _ in BENCH_COLUMNS]
+    elif static:
+        cells = [row["kernel"], STATIC_PROVIDER, row["dtype"], shape, *[""] * 7,
+                 *_static_cells(row["static"])]
     else:
         speedup = row["speedup_of_cek"]
-        cells = [row["kernel"], row["provider"], row["dtype"], f"{row['n_rows']}x{row['n_dim']}",
+        cells = [row["kernel"], row["provider"], row["dtype"], shape,
                  *(f"{row[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")),
                  f"{row['gb_per_s']:.0f}", f"{row['pct_of_copy']:.1f}",
                  "" if speedup is None else f"{speedup:.2f}x", f"{row['first_call_s']:.1f}"]
@@ -429,25 +525,26 @@ def _bench_line(row: dict | None) -> str:
 @main.command("bench")
 @click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True, required=True,
               help="Row width (repeatable for a sweep).")
-@click.option("--n-rows", default="65536", show_default=True,
+@click.option("--n-rows", default="65536", show_default=True, callback=_n_rows_value,
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES + ["all"]),
               multiple=True, default=["fused"], show_default=True, help="Repeatable.")
 @click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES), multiple=True,
               default=["f32"], show_default=True,
               help="Element type of x1, x2, dx1, dx2 (repeatable).")
-@click.option("--baseline", default="cupy,torch,torch-compile", show_default=True,
+@click.option("--baseline", "baselines", default="cupy,torch,torch-compile", show_default=True,
+              callback=_baselines_value,
               help="Comma-separated baselines: cupy, torch, torch-compile (or 'none').")
 @click.option("--repeat", type=click.IntRange(50, None), default=100, show_default=True,
               help="Timed repetitions (at least 50).")
-@click.option("--margin", type=float, default=0.0, show_default=True)
+@click.option("--margin", type=float, default=0.0, show_default=True, callback=_margin_value)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the rows as a JSON array instead of a table.")
-@click.option("--json-file", type=click.Path(path_type=Path),
+@click.option("--json-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the rows as a JSON array here, rewritten after every row.")
-@click.option("--plot", "plot_file", type=click.Path(path_type=Path),
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of GB/s against D per provider (needs matplotlib).")
-def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, margin, as_json,
+def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, margin, as_json,
                   json_file, plot_file) -> None:
     """Time kernels against plain CuPy, PyTorch eager and torch.compile on the GPU.
 
@@ -456,7 +553,10 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
     measured in the same run, cek's speed-up over each baseline, and the first (checked) call's
     seconds: torch.compile's compile time. With --dtype f16 or bf16, CuPy computes in float32
     (casts timed) and PyTorch in the dtype itself. Each row is printed, and --json-file
-    rewritten, as soon as it is timed. Needs a GPU: exits 1 without one.
+    rewritten, as soon as it is timed; after a kernel's timings a "(static)" line gives the
+    static report's figures for it (cek compile --report: load rounds, occupancy, bytes in
+    flight per SM and what DRAM needs), which every JSON row carries as "static". --json prints
+    each row once those figures are attached. Needs a GPU: exits 1 without one.
 
     \b
     Examples:
@@ -464,57 +564,62 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
       cek bench --n-dim 128 --n-dim 768 --n-dim 4096 --n-rows auto --kernel all --json-file out.json
       cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch --json
     """
-    from cek import bench, gpu, validate
+    from cek import bench, gpu
 
-    baselines = [] if baseline == "none" else [b.strip() for b in baseline.split(",") if b.strip()]
-    unknown = sorted(set(baselines) - set(bench.PROVIDERS[1:]))
-    if unknown:
-        _bench_usage(f"unknown baseline {unknown[0]!r}; choose from cupy, torch, torch-compile")
-    if n_rows != "auto" and (not n_rows.isdigit() or not 1 <= int(n_rows) < 2**31):
-        _bench_usage(f"--n-rows must be a positive integer below 2**31 or 'auto', got {n_rows!r}")
-    try:
-        validate.check_margin(margin)
-    except ValueError as exc:
-        _bench_usage(f"--margin: {exc}")
     _check_writable(json_file, "--json-file")
     _check_writable(plot_file, "--plot")
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
-        _bench_usage("--plot needs matplotlib: pip install matplotlib")
+        raise click.ClickException("--plot needs matplotlib: pip install matplotlib")
     if gpu.device_count() == 0:
-        click.echo("cek bench: no CUDA device, and bench times GPU kernels only; "
-                   "`cek check --device cpu` and `cek compile` work without one", err=True)
-        sys.exit(1)
-    if {"torch", "torch-compile"} & set(baselines) and not _have_torch():
+        raise click.ClickException("no CUDA device, and bench times GPU kernels only; "
+                                   "`cek check --device cpu` and `cek compile` work without one")
+    providers = bench.present(["cek", *baselines])
+    if {"torch", "torch-compile"} & (set(baselines) - set(providers)):
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)
     kernels = _chosen(kernel_names, KERNEL_NAMES)
     dtype_names = _chosen(dtype_names, DTYPE_NAMES)
-    progress = (lambda m: click.echo(m, err=True)) if _stderr_is_terminal() else (lambda m: None)
-    rows, failures = [], []
+    widths = list(dict.fromkeys(n_dims))  # a width given twice runs once
+    rows, failures, printed = [], [], []
 
-    def on_row(row) -> None:  # a row just timed, or one whose static figures just came
-        if not any(row is r for r in rows):
-            rows.append(row)
-            shown = bench.as_dicts([row])[0]
-            if as_json:  # a JSON array, one row a line, valid once the run ends
-                click.echo(("[" if len(rows) == 1 else ",") + json.dumps(shown))
-            else:
-                if len(rows) == 1:
-                    click.echo(_bench_line(None))
-                click.echo(_bench_line(shown))
+    def save() -> None:
         if json_file is not None:
             _write_atomically(json_file, json.dumps(bench.as_dicts(rows), indent=2))
 
-    for dtype in dtype_names:
-        for n_dim in dict.fromkeys(n_dims):  # a width given twice runs once
-            count = bench.auto_rows(n_dim) if n_rows == "auto" else int(n_rows)
-            _, bad = bench.run_bench(kernels, count, n_dim, ["cek", *baselines], repeat, margin,
-                                     log=progress, dtype=dtype, on_row=on_row)
-            for failure in bad:
-                click.echo(f"FAIL {failure}", err=True)
-            failures += bad
+    def on_row(row) -> None:  # a row just timed: saved first, then shown
+        rows.append(row)
+        save()
+        progress.advance()
+        if not as_json:
+            if len(rows) == 1:
+                progress.echo(_bench_line(None))
+            progress.echo(_bench_line(bench.as_dicts([row])[0]))
+
+    def on_static(kernel_rows) -> None:  # a kernel's rows, their static figures attached
+        save()
+        shown = bench.as_dicts(kernel_rows)
+        if as_json:  # a JSON array, one row a line, valid once the run ends
+            for row in shown:
+                progress.echo(("[" if not printed else ",") + json.dumps(row))
+                printed.append(row)
+        elif shown[0]["static"] is not None:
+            progress.echo(_bench_line(shown[0], static=True))
+
+    total = len(dtype_names) * len(widths) * len(kernels) * len(providers)
+    with _progress(total, "timing") as progress:
+        for dtype in dtype_names:
+            for n_dim in widths:
+                count = bench.auto_rows(n_dim) if n_rows == "auto" else n_rows
+                _, bad = bench.run_bench(
+                    kernels, count, n_dim, providers, repeat, margin, dtype=dtype,
+                    log=lambda message: progress.advance(0, message), on_row=on_row,
+                    on_static=on_static, warn=lambda message: progress.echo(message, err=True))
+                progress.advance(len(bad))  # the providers not timed
+                for failure in bad:
+                    progress.echo(f"FAIL {failure}", err=True)
+                failures += bad
     if as_json:
-        click.echo("]" if rows else "[]")
+        click.echo("]" if printed else "[]")
     if json_file is not None and not rows:
         _write_atomically(json_file, "[]")
     if plot_file is not None and rows:
@@ -526,11 +631,3 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baseline, repeat, m
         plot_bandwidth(rows, plot_file)
     if failures:
         sys.exit(1)
-
-
-def _have_torch() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -12,7 +12,7 @@ def plot_bandwidth(rows: list[dict], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib") from exc
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from exc
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in sorted({(r["kernel"], r["provider"]) for r in rows}):
         points = sorted((r["n_dim"], r["gb_per_s"]) for r in rows if (r["kernel"], r["provider"]) == key)

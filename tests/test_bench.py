@@ -44,6 +44,15 @@ def test_cupy_baseline_math_matches_the_reference_on_numpy(margin, scale):
     assert not failures
 
 
+def _error_line(result) -> str:
+    """The one error line of a CliRunner result, `Error: ...` on stderr, with nothing on
+    stdout (a usage error has click's usage lines above it)."""
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and result.stderr.endswith(errors[0] + "\n"), result.stderr
+    return errors[0]
+
+
 def test_bench_without_a_gpu_exits_1_with_one_line(monkeypatch):
     # Exit 1: "no device for a GPU-only command", as `cek --help` states.
     from cek import gpu
@@ -51,35 +60,49 @@ def test_bench_without_a_gpu_exits_1_with_one_line(monkeypatch):
     monkeypatch.setattr(gpu, "device_count", lambda: 0)
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768"])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines() == [
-        "cek bench: no CUDA device, and bench times GPU kernels only; `cek check --device cpu` "
-        "and `cek compile` work without one"]
+    assert result.stderr == (
+        "Error: no CUDA device, and bench times GPU kernels only; `cek check --device cpu` "
+        "and `cek compile` work without one\n")
     assert "no device for a GPU-only command" in " ".join(
         CliRunner().invoke(main, ["--help"]).output.split())
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--baseline", "numba"], "unknown baseline 'numba'; choose from cupy, torch, torch-compile"),
-    (["--n-rows", "-3"], "--n-rows must be a positive integer below 2**31 or 'auto', got '-3'"),
-    (["--n-rows", str(2**31)], f"got '{2**31}'"),
-    (["--margin", "nan"], "--margin: margin must be finite, got nan"),
-    (["--margin", "-inf"], "margin must be finite, got -inf"),
-    (["--json-file", "no/such/folder/b.json"], "--json-file no/such/folder/b.json cannot be "
-                                              "written: No such file or directory"),
-    (["--plot", "."], "--plot . is a folder"),
+    (["--baseline", "numba"], "Invalid value for '--baseline': unknown baseline 'numba'; choose "
+                              "from cupy, torch, torch-compile (or 'none')"),
+    (["--n-rows", "-3"], "Invalid value for '--n-rows': must be a positive integer below 2**31 "
+                         "or 'auto', got '-3'"),
+    (["--n-rows", str(2**31)], "Invalid value for '--n-rows': must be a positive integer below "
+                               f"2**31 or 'auto', got '{2**31}'"),
+    (["--margin", "nan"], "Invalid value for '--margin': margin must be finite, got nan"),
+    (["--margin", "-inf"], "Invalid value for '--margin': margin must be finite, got -inf"),
+    (["--plot", "."], "Invalid value for '--plot': File '.' is a directory."),
+    (["--json-file", "."], "Invalid value for '--json-file': File '.' is a directory."),
 ])
-def test_bench_bad_values_are_one_line_before_any_work(monkeypatch, args, message):
+def test_bench_bad_values_exit_2_before_any_work(monkeypatch, args, message):
     # The device is asked after the options: a bad value must not wait for (or need) a GPU.
     from cek import gpu
 
     monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768", *args])
     assert result.exit_code == 2
-    [line] = result.output.splitlines()
-    assert line.startswith("cek bench: ") and message in line
+    assert _error_line(result) == f"Error: {message}"
+
+
+def test_bench_unwritable_output_exits_1_before_any_work(monkeypatch):
+    # A file that cannot be written is exit 1, as `cek compile --out` under /proc is.
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    for option in ("--json-file", "--plot"):
+        result = CliRunner().invoke(main, ["bench", "--n-dim", "768", option, "no/such/b.json"])
+        assert result.exit_code == 1
+        assert result.stderr == f"Error: cannot write to {option} no/such/b.json: No such file " \
+                                "or directory\n"
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_path):
+    # A missing piece is exit 1, as a missing NVRTC is for `cek compile`.
     import importlib.util
 
     from cek import gpu
@@ -89,8 +112,8 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, t
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--plot", str(tmp_path / "b.png")])
-    assert result.exit_code == 2
-    assert result.output == "cek bench: --plot needs matplotlib: pip install matplotlib\n"
+    assert result.exit_code == 1
+    assert result.stderr == "Error: --plot needs matplotlib: pip install matplotlib\n"
 
 
 def test_bench_refuses_a_read_only_folder(monkeypatch, tmp_path):
@@ -103,8 +126,8 @@ def test_bench_refuses_a_read_only_folder(monkeypatch, tmp_path):
     monkeypatch.setattr("tempfile.TemporaryFile", unwritable)
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--json-file",
                                        str(tmp_path / "b.json")])
-    assert result.exit_code == 2
-    assert result.output == f"cek bench: --json-file {tmp_path / 'b.json'} cannot be written: " \
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: cannot write to --json-file {tmp_path / 'b.json'}: " \
                             "Permission denied\n"
 
 
@@ -168,6 +191,10 @@ KERNELS = list(kernel_classes())
 SHAPES = [(64, 8), (8, 768)]  # row groups; registers. Both have more rows than are checked.
 PROVIDERS = ["cek", "cupy", "torch"]  # torch-compile would compile C++ for minutes
 FAKE = fake_cupy.FAKE_MS * 10  # what one timing of 50 repetitions reads
+# What the stand-in static report says of every kernel (the real one compiles each kernel):
+# shown in the bench table as rounds 2, occ% 75, inflight/SM 48K (49152 / 1024), need/SM 8K.
+STATIC = {"occupancy": 0.75, "sass": {"load_rounds": 2}, "bytes_in_flight_per_sm": 49152,
+          "needed_bytes_in_flight_per_sm": 8289}
 
 
 @pytest.fixture
@@ -178,7 +205,8 @@ def standin(monkeypatch):
     s = fake_cupy.install(monkeypatch)
     monkeypatch.setattr(bench, "FLUSH_BYTES", 4)
     monkeypatch.setattr(bench, "CHECK_ROWS", 6)
-    _static_report(monkeypatch, lambda kernel, n_rows, n_dim, *, arch, gpu: {"id": kernel.id})
+    _static_report(monkeypatch, lambda kernel, n_rows, n_dim, *, arch, gpu: {
+        "kernel_id": kernel.id, **STATIC})
     return s
 
 
@@ -270,14 +298,24 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
         assert r["gb_per_s"] == pytest.approx(
             _bytes(r["kernel"], r["dtype"], 64, 8) / (np.median(FAKE) * 1e-3) / 1e9, rel=1e-12)
         assert (r["n_rows"], r["n_dim"], r["gpu"]) == (64, 8, fake_cupy.NAME)
+        assert r["static"] == {"kernel_id": kernel_classes()[r["kernel"]].for_n_dim(8, r["dtype"]).id,
+                               **STATIC}
     table = result.stdout.splitlines()
     assert table[0].split() == ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms",
-                                "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup", "first_s"]
-    assert len(table) == 1 + len(rows)
+                                "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup", "first_s",
+                                "rounds", "occ%", "inflight/SM", "need/SM"]
+    # Each kernel's rows as timed, then its static line, after its timings.
+    assert [line.split()[:3] for line in table[1:]] == [
+        [k, p, t] for t in ("f32", "bf16") for k in KERNELS for p in [*PROVIDERS, "(static)"]]
     # fused bf16: 4*2*64*8 + 2*4*64 bytes over a copy of 2*2*64*8*2: 112.5% (the per-row
     # arrays count at this size). The last column is a wall-clock time.
     assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "112.5",
             "1.00x"] in [line.split()[:-1] for line in table]
+    assert ["fused", "(static)", "bf16", "64x8", "2", "75", "48K", "8K"] in [
+        line.split() for line in table]
+    # The static columns sit under their headings: the line of figures and the header align.
+    static_line = next(line for line in table if "(static)" in line)
+    assert static_line.index("48K") == table[0].index("inflight/SM")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -374,29 +412,34 @@ def test_each_row_carries_the_static_report_of_its_kernel_and_shape(standin, mon
 
     _static_report(monkeypatch, static_row)
     seen = []
-    rows, _ = bench.run_bench(["forward", "fused"], 64, 8, ["cek", "cupy"], 50,
-                              log=lambda m: None, dtype="bf16",
-                              on_row=lambda r: seen.append((r.kernel, r.provider, r.static)))
+    rows, _ = bench.run_bench(
+        ["forward", "fused"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None, dtype="bf16",
+        on_row=lambda r: seen.append((r.kernel, r.provider, r.static)),
+        on_static=lambda rs: seen.append([(r.kernel, r.provider, r.static) for r in rs]))
     # Once per kernel; the stand-in has no compute capability and is no A100/H100/H200.
     assert calls == [(kernel_classes()[k].for_n_dim(8, "bf16").id, 64, 8, "sm_90", None)
                      for k in ("forward", "fused")]
     assert [(r.kernel, r.provider, r.static) for r in rows] == [
         ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
         ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
-    # Each row handed over as soon as it is timed, then again with the figures of the static
-    # report, which comes after the kernel's timings so that it can cost none of them.
+    # Each row handed over as soon as it is timed, then the kernel's rows together with the
+    # figures of the static report, which comes after the kernel's timings so that it can
+    # cost none of them.
     assert seen == [("forward", "cek", None), ("forward", "cupy", None),
-                    ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
+                    [("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1})],
                     ("fused", "cek", None), ("fused", "cupy", None),
-                    ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
+                    [("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]]
     assert capsys.readouterr().err == ""
 
     # Without the report module, or when it fails: None, said once on stderr, timed anyway.
     for static_row, said in ((None, "cek.report is missing"),
                              (lambda *a, **k: 1 / 0, "ZeroDivisionError")):
         _static_report(monkeypatch, static_row)
-        rows, _ = bench.run_bench(["forward"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None)
+        handed = []
+        rows, _ = bench.run_bench(["forward"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None,
+                                  on_static=handed.append)
         assert [(r.provider, r.static) for r in rows] == [("cek", None), ("cupy", None)]
+        assert handed == [rows]  # handed over all the same, so the CLI prints them
         [line] = capsys.readouterr().err.splitlines()
         assert line.startswith("cek bench: no static report") and said in line
 
@@ -411,11 +454,11 @@ def test_a_sweep_cut_short_keeps_every_row_it_timed(monkeypatch, tmp_path):
     signal would end it, keeps the rows timed before, that width's included."""
     from cek import gpu
 
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
-        on_row(_row(n_dim))
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, **callbacks):
+        callbacks["on_row"](_row(n_dim))
         if n_dim == 768:
             raise KeyboardInterrupt  # the torch baseline hangs after cek's row
-        on_row(_row(n_dim, "torch"))
+        callbacks["on_row"](_row(n_dim, "torch"))
         return [], []
 
     monkeypatch.setattr(gpu, "device_count", lambda: 1)
@@ -435,9 +478,13 @@ def test_json_flag_prints_an_array_and_widths_run_once(monkeypatch, tmp_path):
 
     widths = []
 
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, on_row, on_static,
+                  **callbacks):
         widths.append(n_dim)
-        on_row(_row(n_dim))
+        row = _row(n_dim)
+        on_row(row)
+        row.static = {"width": n_dim}  # printed with --json only once attached
+        on_static([row])
         return [], []
 
     monkeypatch.setattr(gpu, "device_count", lambda: 1)
@@ -448,14 +495,18 @@ def test_json_flag_prints_an_array_and_widths_run_once(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     assert widths == [8, 16]
     assert json.loads(result.stdout) == json.loads(out.read_text())
-    assert [r["n_dim"] for r in json.loads(result.stdout)] == [8, 16]
+    assert [(r["n_dim"], r["static"]) for r in json.loads(result.stdout)] == [
+        (8, {"width": 8}), (16, {"width": 16})]
 
 
 @pytest.mark.parametrize("terminal", [False, True])
 def test_progress_only_on_a_terminal(monkeypatch, terminal):
+    """What runs now goes to the bar (drawn on a terminal: tests/test_cli.py runs it on one),
+    never as lines of its own; piped, stderr stays empty. Under CliRunner stderr is no terminal
+    even when said to be, and click's bar then writes its label once."""
     from cek import cli, gpu
 
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, dtype, on_row):
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, log, **callbacks):
         log(f"timing {n_dim}")
         return [], []
 
@@ -464,4 +515,40 @@ def test_progress_only_on_a_terminal(monkeypatch, terminal):
     monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: terminal)
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--baseline", "none"])
     assert result.exit_code == 0
-    assert result.stderr == ("timing 8\n" if terminal else "")
+    assert result.stderr == ("timing\n" if terminal else "")
+
+
+@pytest.mark.emulator
+def test_json_rows_carry_their_static_figures_on_the_stand_in(standin):
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
+                                       "forward", "--kernel", "fused", "--baseline", "cupy",
+                                       "--repeat", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["kernel"], r["provider"]) for r in rows] == [
+        ("forward", "cek"), ("forward", "cupy"), ("fused", "cek"), ("fused", "cupy")]
+    assert [r["static"] for r in rows] == [
+        {"kernel_id": kernel_classes()[k].for_n_dim(8, "f32").id, **STATIC}
+        for k in ("forward", "forward", "fused", "fused")]
+
+
+@pytest.mark.emulator
+def test_a_report_without_a_figure_shows_a_dash_and_costs_no_row(standin, monkeypatch):
+    """No nvdisasm (sass None), or a report that lacks a figure: "-" in its column; a report
+    that fails: no static line, the warning once, every row timed."""
+    _static_report(monkeypatch, lambda kernel, n_rows, n_dim, *, arch, gpu: {
+        **STATIC, "sass": None, "bytes_in_flight_per_sm": None, "occupancy": "?"})
+    args = ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel", "forward", "--baseline",
+            "none", "--repeat", "50"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].split() == ["forward", "(static)", "f32", "64x8", "-",
+                                                      "-", "-", "8K"]
+
+    _static_report(monkeypatch, lambda *a, **k: 1 / 0)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:2] for line in result.stdout.splitlines()] == [
+        ["kernel", "provider"], ["forward", "cek"]]
+    assert result.stderr.startswith("cek bench: no static report for "
+                                    "cosine_embedding_loss_forward__f32__8: ZeroDivisionError")

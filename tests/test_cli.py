@@ -231,10 +231,22 @@ def test_an_unwritable_out_dir_fails_before_compiling(tmp_path, where):
     assert "compiling cosine_embedding_loss" not in proc.stderr  # refused before any work
 
 
-def test_a_full_stdout_is_one_line_and_exit_1():
+@pytest.mark.parametrize("args", [["list"], ["--help"], ["--version"], ["bench", "--help"]])
+def test_a_full_stdout_is_one_line_and_exit_1(args):
+    # --help and --version of the group print while click parses its options, before
+    # Cli.invoke: Cli.make_context catches those.
     with open("/dev/full", "w") as full:
-        proc = _cek(["list"], stdout=full)
+        proc = _cek(args, stdout=full)
     _assert_one_line_error(proc, 1, "cannot write to standard output", "No space left")
+
+
+@pytest.mark.parametrize("option", ["--json-file", "--plot"])
+def test_an_unwritable_bench_output_is_exit_1_like_compile_out(option):
+    # The same rule as `cek compile --out /proc/x`, and refused before asking for a GPU.
+    proc = _cek(["bench", "--n-dim", "8", option, "/proc/x.json"])
+    _assert_one_line_error(proc, 1, f"cannot write to {option} /proc/x.json")
+    assert proc.stderr.splitlines() == [
+        f"Error: cannot write to {option} /proc/x.json: No such file or directory"]
 
 
 def test_compile_without_nvrtc_is_one_line_and_exit_1():
@@ -337,15 +349,14 @@ def test_check_table_has_no_inf_for_float16_gradients_that_overflow(run, monkeyp
     assert "inf" not in result.stdout and "3 passed, 0 failed" in result.stdout
 
 
-@pytest.mark.emulator
-def test_check_draws_a_progress_bar_on_a_terminal_only():
+def _stderr_on_a_terminal(command: list[str]) -> tuple[subprocess.CompletedProcess, bytes]:
+    """`command` with stderr on a pseudo-terminal and stdout piped: the process and what it
+    wrote to the terminal."""
     import pty
 
     master, slave = pty.openpty()
     try:
-        proc = subprocess.run(CLI + ["check", "--device", "cpu", "--kernel", "forward",
-                                     "--n-dim", "8", "--dtype", "f32"],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+        proc = subprocess.run(command, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=slave, timeout=120)
         os.close(slave)
         slave = None
@@ -362,9 +373,57 @@ def test_check_draws_a_progress_bar_on_a_terminal_only():
         if slave is not None:
             os.close(slave)
         os.close(master)
+    return proc, seen
+
+
+@pytest.mark.emulator
+def test_check_draws_a_progress_bar_on_a_terminal_only():
+    proc, seen = _stderr_on_a_terminal(CLI + ["check", "--device", "cpu", "--kernel", "forward",
+                                              "--n-dim", "8", "--dtype", "f32"])
     assert proc.returncode == 0
     assert b"checking" in seen and b"100%" in seen  # the bar, on stderr
     assert b"checking" not in proc.stdout and proc.stdout.endswith(b"3 passed, 0 failed\n")
+
+
+# `cek bench` in a fresh process on the CuPy stand-in (tests/fake_cupy.py), the emulator as the
+# GPU, with a stand-in static report (the real one compiles every kernel).
+BENCH_ON_THE_STAND_IN = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import fake_cupy, pytest
+from cek import bench
+from cek.cli import main
+fake_cupy.install(pytest.MonkeyPatch())
+bench.FLUSH_BYTES, bench.CHECK_ROWS = 4, 6
+report = type(sys)("cek.report")
+report.static_row = lambda kernel, n_rows, n_dim, *, arch, gpu: {{"occupancy": 0.5}}
+sys.modules["cek.report"] = report
+main(sys.argv[1:], prog_name="cek")
+"""
+
+
+@pytest.mark.emulator
+def test_bench_draws_a_progress_bar_on_a_terminal_only():
+    """The same bar as check's: on the terminal, each step counted, what runs shown beside it;
+    the table alone on stdout. Two kernels x (cek, cupy) x one width: 4 steps."""
+    pytest.importorskip("torch")  # fake_cupy's DLPack goes through torch
+    args = ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel", "forward", "--kernel",
+            "backward", "--baseline", "cupy", "--repeat", "50"]
+    proc, seen = _stderr_on_a_terminal([sys.executable, "-c", BENCH_ON_THE_STAND_IN, *args])
+    assert proc.returncode == 0, seen
+    assert b"timing" in seen and b"4/4" in seen and b"100%" in seen
+    assert b"cosine_embedding_loss_backward__f32__8 cupy 64x8" in seen  # what ran, beside it
+    table = proc.stdout.decode().splitlines()
+    assert [line.split()[:2] for line in table] == [
+        ["kernel", "provider"], ["forward", "cek"], ["forward", "cupy"], ["forward", "(static)"],
+        ["backward", "cek"], ["backward", "cupy"], ["backward", "(static)"]]
+    assert table[3].split()[-4:] == ["-", "50", "-", "-"]  # occupancy 0.5; no other figure
+
+    piped = subprocess.run([sys.executable, "-c", BENCH_ON_THE_STAND_IN, *args], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                           timeout=120)
+    assert piped.returncode == 0 and piped.stderr == b""
+    assert piped.stdout == proc.stdout
 
 
 def test_run_cases_refuses_a_row_count_the_kernels_cannot_take():
