@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cek import dtypes, gpu, reference
 from cek import functional as F
-from cek import gpu, reference
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from oracle import NUMPY_TOLERANCES, expected
+from oracle import NUMPY_TOLERANCES, expected, expected_and_sizes
+from test_cpu_path import assert_bf16_close
 
 TOLERANCES = NUMPY_TOLERANCES  # x1 and x2: {dtype: (rtol, atol)} for "loss" and "grad"
 
@@ -557,3 +558,132 @@ def test_out_buffers_that_share_memory_are_refused_and_left_untouched():
     with pytest.raises(ValueError, match="share memory"):
         F.cosine_embedding_loss_fused(x1, x2, y, reduction="none", out=(loss, shared, shared))
     assert (loss == 7).all() and (shared == 7).all()
+
+
+# -- bfloat16 as uint16 bits (dtype="bfloat16") ------------------------------------------------
+
+
+def _bf16_inputs(n, d, seed=0):
+    """_inputs rounded to bfloat16 bits, and the float32 arrays of the same values."""
+    x1, x2, y = _inputs(n, d, np.float32, seed)
+    b1, b2 = dtypes.from_float(x1, "bf16"), dtypes.from_float(x2, "bf16")
+    return b1, b2, y, dtypes.widen(b1, "bf16"), dtypes.widen(b2, "bf16")
+
+
+def _entries(x1, x2, y, margin, reduction, grad, **kw):
+    """(loss,), (dx1, dx2) and (loss, dx1, dx2) from the three entry points."""
+    return ((F.cosine_embedding_loss(x1, x2, y, margin, reduction, **kw),),
+            F.cosine_embedding_loss_backward(grad, x1, x2, y, margin, reduction, **kw),
+            F.cosine_embedding_loss_fused(x1, x2, y, margin, reduction, grad, **kw))
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("d", [1, 33, 769, 4097])
+def test_bfloat16_is_the_float32_path_on_its_values_rounded_once(monkeypatch, d, native):
+    """The same float32 arithmetic on the same values, then cek.dtypes.from_float: bitwise, NaN
+    and Inf rows, huge rows and the reductions included."""
+    monkeypatch.setenv("CEK_CPU_NATIVE", native)
+    b1, b2, y, w1, w2 = _bf16_inputs(7, d, seed=d)
+    b1[1, 0] = dtypes.from_float(np.float32(np.nan), "bf16")
+    b2[2, d // 2] = dtypes.from_float(np.float32(np.inf), "bf16")
+    b1[3] = dtypes.from_float(w1[3] * np.float32(1e30), "bf16")
+    w1, w2 = dtypes.widen(b1, "bf16"), dtypes.widen(b2, "bf16")
+    for reduction in REDUCTIONS:
+        grad = _grad_for(reduction, 7, np.float32)
+        got = _entries(b1, b2, y, 0.1, reduction, grad, dtype="bfloat16")
+        want = _entries(w1, w2, y, 0.1, reduction, grad)
+        for got_entry, want_entry in zip(got, want):
+            for bits, values in zip(got_entry, want_entry):
+                assert bits.dtype == np.uint16 and bits.shape == values.shape
+                np.testing.assert_array_equal(bits, dtypes.from_float(values, "bf16"))
+
+
+@pytest.mark.parametrize("n", ROWS)
+@pytest.mark.parametrize("d", DIMS)
+def test_bfloat16_matches_reference(d, n):
+    b1, b2, y, w1, w2 = _bf16_inputs(n, d, seed=d * 10 + n)
+    for i, reduction in enumerate(REDUCTIONS):
+        margin = MARGINS[(d + i) % 3]
+        grad = _grad_for(reduction, n, np.float32)
+        (loss, dx1, dx2), (m1, m2) = expected_and_sizes(w1, w2, y, margin, reduction, grad)
+        (f_loss,), (g1, g2), (h_loss, h1, h2) = _entries(b1, b2, y, margin, reduction, grad,
+                                                         dtype="bfloat16")
+        assert f_loss.shape == np.shape(loss) and isinstance(f_loss, np.ndarray)
+        for got in (f_loss, h_loss):
+            assert_bf16_close(got, loss, "loss")
+        for got, want, size in ((g1, dx1, m1), (g2, dx2, m2), (h1, dx1, m1), (h2, dx2, m2)):
+            assert got.shape == b1.shape
+            assert_bf16_close(got, want, "grad", size)
+
+
+def test_bfloat16_out_buffers_are_bits_written_and_returned():
+    b1, b2, y, _, _ = _bf16_inputs(N, D)
+    want = F.cosine_embedding_loss_fused(b1, b2, y, 0.2, "none", dtype="bfloat16")
+    out = tuple(np.full(a.shape, 0x7FC0, np.uint16) for a in want)  # NaN bits
+    got = F.cosine_embedding_loss_fused(b1, b2, y, 0.2, "none", dtype="bfloat16", out=out)
+    assert all(a is b for a, b in zip(got, out))
+    for a, b in zip(out, want):
+        np.testing.assert_array_equal(a, b)
+    pair = (np.full_like(b1, 0x7FC0), np.full_like(b1, 0x7FC0))
+    F.cosine_embedding_loss_backward(np.ones(N), b1, b2, y, 0.2, "none", dtype="bfloat16",
+                                     out=pair)
+    np.testing.assert_array_equal(pair[0], want[1])
+    mean = np.full((), 0x7FC0, np.uint16)
+    assert F.cosine_embedding_loss(b1, b2, y, 0.2, dtype="bfloat16", out=mean) is mean
+    assert mean != 0x7FC0
+    np.testing.assert_array_equal(mean, F.cosine_embedding_loss(b1, b2, y, 0.2, dtype="bfloat16"))
+
+
+BF16_BAD = [
+    ("float32 inputs", {"x1": np.ones((N, D), np.float32), "x2": np.ones((N, D), np.float32)},
+     TypeError, "uint16 array of bfloat16 bits, got float32"),
+    ("int16 x2", {"x2": np.ones((N, D), np.int16)}, TypeError, "x2 as a uint16 array"),
+    ("list x1", {"x1": [[1] * D] * N}, TypeError, "got list"),
+    ("masked x1", {"x1": np.ma.masked_array(np.ones((N, D), np.uint16), mask=True)}, TypeError,
+     "x1 is a numpy.ma.MaskedArray"),
+    ("dtype name", {"dtype": "bf16"}, ValueError, "dtype must be None or 'bfloat16'"),
+    ("dtype object", {"dtype": np.float16}, ValueError, "dtype must be None or 'bfloat16'"),
+    ("x2 shape", {"x2": np.ones((N, D + 1), np.uint16)}, ValueError, "(7, 34)"),
+    ("margin nan", {"margin": float("nan")}, ValueError, "nan"),
+    ("reduction", {"reduction": "avg"}, ValueError, "'avg'"),
+    ("bad label", {"target": _bad_label(), "validate_target": True}, ValueError, "target[4]"),
+]
+
+
+@pytest.mark.parametrize("entry", ["loss", "backward", "fused"])
+@pytest.mark.parametrize("name, change, error, text", BF16_BAD, ids=[b[0] for b in BF16_BAD])
+def test_bfloat16_bad_input_raises_and_leaves_out_untouched(entry, name, change, error, text):
+    b1, b2, y, _, _ = _bf16_inputs(N, D)
+    args = {"x1": b1, "x2": b2, "target": y, "dtype": "bfloat16", **change}
+    out = (np.full((), 12345, np.uint16), np.full((N, D), 12345, np.uint16),
+           np.full((N, D), 12345, np.uint16))
+    with pytest.raises(error) as info:
+        _call(entry, args, out)
+    assert text in str(info.value), str(info.value)
+    for buffer in out:
+        assert (buffer == 12345).all()
+
+
+def test_bfloat16_out_buffers_must_be_bits():
+    b1, b2, y, _, _ = _bf16_inputs(N, D)
+    loss_out = np.full((), SENTINEL, np.float32)  # the loss is bits too, not float32
+    with pytest.raises(TypeError, match="must have dtype uint16 like x1, got float32"):
+        F.cosine_embedding_loss(b1, b2, y, dtype="bfloat16", out=loss_out)
+    assert loss_out == SENTINEL
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_bfloat16_on_cupy_arrays_runs_the_bf16_kernels(monkeypatch, reduction):
+    """On the stand-in for CuPy: the bfloat16 kernels, whose results match the reference."""
+    standin = fake_cupy.install(monkeypatch)
+    b1, b2, y, w1, w2 = _bf16_inputs(N, D, seed=3)
+    grad = _grad_for(reduction, N, np.float32)
+    cgrad = standin.array(grad) if reduction == "none" else grad
+    (loss, dx1, dx2), (m1, m2) = expected_and_sizes(w1, w2, y, 0.25, reduction, grad)
+    got = F.cosine_embedding_loss_fused(*(standin.array(a) for a in (b1, b2, y)), 0.25,
+                                        reduction, cgrad, dtype="bfloat16")
+    assert standin.ids() == ["cosine_embedding_loss_fused__bf16__64"]
+    assert all(type(a) is fake_cupy.DeviceArray and a.dtype == np.uint16 for a in got)
+    assert_bf16_close(np.asarray(got[0]), loss, "loss")
+    for bits, want, size in zip(got[1:], (dx1, dx2), (m1, m2)):
+        assert_bf16_close(np.asarray(bits), want, "grad", size)
