@@ -6,9 +6,16 @@ loudly. `install(monkeypatch)` puts it in place of the `cupy` module. Launches s
 cek.gpu.launch and cek.gpu.load with their checks; only cek.gpu.get_function, which compiles
 with NVRTC, is replaced.
 
+Two of CuPy's ways are kept because cek's glue must respect them. Its runtime calls are
+compiled code that torch.compile cannot trace: here too (a builtin), so such a call on a traced
+path fails under fullgraph=True as it does on a GPU. Its from_dlpack asks a tensor for its
+capsule on CuPy's current stream (the legacy default stream when none is entered), which makes
+torch order the export against its own current stream: the stream each import asked for is
+recorded (`dlpack_streams`), so a test can see that none asks for another stream than torch's.
+
 It cannot stand in for what only CuPy and a driver do: the real DLPack exchange and its stream
-handshake, stream ordering, device memory, CuPy's own reductions and casts, and time: its events
-report FAKE_MS, not a measurement.
+synchronization, stream ordering, device memory, CuPy's own reductions and casts, and time: its
+events report FAKE_MS, not a measurement.
 """
 
 from __future__ import annotations
@@ -72,6 +79,9 @@ class _Generator:
         return self._rng.random(size).view(DeviceArray)
 
 
+LEGACY_DEFAULT_STREAM = 1  # what CuPy passes to __dlpack__ when no stream is entered
+
+
 @dataclass
 class Launch:
     kernel_id: str
@@ -88,6 +98,7 @@ class StandIn:
         self.launches: list[Launch] = []
         self.device, self.stream = 0, None
         self.elapsed_reads = self.synchronizations = 0
+        self.dlpack_streams: list[int | None] = []
         self._fake_ms = itertools.cycle(FAKE_MS)
         self.cupy = types.ModuleType("cupy")  # only what cek uses: anything else fails
         c = self.cupy
@@ -103,8 +114,7 @@ class StandIn:
         c.copyto = np.copyto
         c.nan = np.nan
         c.may_share_memory = np.may_share_memory
-        # CPU tensors only: NumPy's DLPack import shares the tensor's memory, as CuPy's does.
-        c.from_dlpack = _on_device(np.from_dlpack)
+        c.from_dlpack = self._from_dlpack
         c.random = types.SimpleNamespace(default_rng=_Generator)
         c.cuda = types.SimpleNamespace(
             Device=self._device_class(),
@@ -113,7 +123,7 @@ class StandIn:
             get_elapsed_time=self._elapsed_time,
             get_current_stream=lambda: types.SimpleNamespace(synchronize=self._synchronize),
             runtime=types.SimpleNamespace(
-                getDeviceCount=lambda: 1,
+                getDeviceCount=itertools.repeat(1).__next__,  # compiled, as CuPy's: untraceable
                 getDeviceProperties=lambda device_id: {"name": NAME.encode()},
                 runtimeGetVersion=lambda: CUDA_VERSION,
                 driverGetVersion=lambda: CUDA_VERSION,
@@ -150,6 +160,20 @@ class StandIn:
         __cuda_stream__() gives (version, pointer); used as a context, as cek uses it."""
         version, pointer = stream.__cuda_stream__()
         return self._enter_stream(pointer)
+
+    def _from_dlpack(self, array):
+        """cupy.from_dlpack, on CPU tensors (NumPy's import shares their memory, as CuPy's does
+        a GPU tensor's). A capsule is imported as it is: no stream handshake, recorded as None.
+        An object of the protocol is asked for its capsule on CuPy's current stream, or the
+        legacy default stream when none is entered, as CuPy asks (that stream is recorded; a
+        CPU tensor refuses any, so it is then asked without one)."""
+        if hasattr(array, "__dlpack_device__"):
+            self.dlpack_streams.append(self.stream or LEGACY_DEFAULT_STREAM)
+            return np.from_dlpack(array).view(DeviceArray)
+        self.dlpack_streams.append(None)
+        import torch  # only torch makes the capsules here; NumPy would import them read-only
+
+        return torch.from_dlpack(array).numpy().view(DeviceArray)
 
     def _elapsed_time(self, start, end) -> float:
         self.elapsed_reads += 1
@@ -188,7 +212,9 @@ def install(monkeypatch) -> StandIn:
     gpu.get_function runs the emulator, and validate sees a DeviceArray as a CuPy array."""
     s = StandIn()
     monkeypatch.setitem(sys.modules, "cupy", s.cupy)
-    monkeypatch.setattr(gpu, "require_cupy", lambda: s.cupy)
+    # A builtin, as CuPy's device query behind the real require_cupy is: torch.compile cannot
+    # trace it, so cek must never call it on a traced path.
+    monkeypatch.setattr(gpu, "require_cupy", itertools.repeat(s.cupy).__next__)
     monkeypatch.setattr(gpu, "get_function", s.get_function)
     kind = validate.array_kind  # a DeviceArray is also an np.ndarray: ask about it first
     monkeypatch.setattr(validate, "array_kind",

@@ -118,6 +118,16 @@ def test_views_labels_and_no_rows(cuda):
     assert cuda.launches == []
 
 
+def _assert_exports_on_torchs_stream(cuda):
+    """Every DLPack export the kernels read was asked for on torch's current stream, or with no
+    stream at all (a capsule). CuPy asks a tensor for the legacy default stream unless a stream
+    is entered, and torch then makes that stream wait on its current one: a cross-stream sync
+    per tensor, and a failed capture under torch.cuda.graph."""
+    assert cuda.dlpack_streams, "no tensor reached the kernels through DLPack"
+    assert set(cuda.dlpack_streams) <= {None, STREAM}, cuda.dlpack_streams
+    cuda.dlpack_streams.clear()
+
+
 class CudaLike(torch.Tensor):
     """A CPU tensor that answers is_cuda: the public API takes its CUDA branch."""
 
@@ -153,6 +163,7 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
         want.backward()
         kernels = EAGER_STEP_KERNELS if route == "eager" else STEP_KERNELS
         assert [i.split("__")[0] for i in cuda.ids()] == kernels + STEP_KERNELS[1:]
+        _assert_exports_on_torchs_stream(cuda)
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
         for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
             _close(got.detach(), ref, "f32", "grad", size)
@@ -188,7 +199,8 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
     whose upstream gradient is the one it assumed (a sentinel there survives), the other rows
     are recomputed, in the same buffers, and nothing is read back to the host."""
     x1, x2, y = _torch_inputs(N, 33, dtype, seed=11)
-    loss, dx1, dx2 = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
+    loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
+    dx1, dx2, _ = fused
     (launch,) = cuda.launches
     assert launch.kernel_id == f"cosine_embedding_loss_fused__{dtype}__64"
     assert launch.stream == STREAM and launch.args["dy"] is None
@@ -208,7 +220,7 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
         for t in (dx1, dx2):
             t[kept] = 7.0  # a row kept must not be written
         cuda.launches.clear()
-        got = _cuda.keep_backward(g.to(x1.dtype), x1, x2, y, 0.1, reduction, dx1, dx2)
+        got = _cuda.keep_backward(g.to(x1.dtype), x1, 0.1, reduction, fused)
         (launch,) = cuda.launches
         assert launch.kernel_id == f"cosine_embedding_loss_backward_keep__{dtype}__64"
         assert launch.args["keep_dy"] == launch.args["dy"][0] or not kept[0]
@@ -218,3 +230,26 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
         for t, w, size in zip(got, want, sizes):
             assert (t[kept] == 7.0).all()
             _close(t[~kept].double(), w[~kept.numpy()], dtype, "grad", size[~kept.numpy()])
+
+
+def test_compiled_step_on_cuda_tensors(cuda):
+    """torch.compile(fullgraph=True) over the public function on tensors that claim CUDA: the
+    code dynamo traces must call nothing it cannot trace (CuPy's device query is such a call,
+    in the stand-in as on a GPU), and the compiled step runs the ops' kernels, forward then
+    backward, on torch's current stream, with torch's gradients. The graph runs on dynamo's
+    "eager" backend: AOTAutograd and inductor do not take a tensor subclass into a custom op
+    (the gpu tier compiles with inductor on real CUDA tensors)."""
+    torch._dynamo.reset()
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=12)
+    c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
+    a1, a2 = (t.double().requires_grad_() for t in (x1, x2))
+    step = torch.compile(lambda a, b, t: 2 * ct.cosine_embedding_loss(a, b, t, 0.1),
+                         fullgraph=True, backend="eager")
+    step(c1, c2, y.as_subclass(CudaLike)).backward()
+    (2 * torch.nn.functional.cosine_embedding_loss(a1, a2, y, 0.1)).backward()
+    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS
+    assert {launch.stream for launch in cuda.launches} == {STREAM}
+    _assert_exports_on_torchs_stream(cuda)
+    _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
+    for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
+        _close(got.detach(), ref, "f32", "grad", size)

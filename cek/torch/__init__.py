@@ -9,12 +9,17 @@ are taken as torch takes them, rows broadcast ((1, D) against (N, D), a (1,) tar
 rows), and D = 0 gives torch's values.
 
 CUDA tensors go to the GPU kernels without a copy (DLPack), on the tensor's device and
-`torch.cuda.current_stream()` there. The forward launches the forward kernel (reads x1, x2) and
-keeps only the caller's tensors; the backward launches the backward kernel for the grad_output
-it is given (reads x1, x2, writes dx1, dx2), never reading a value back to the host. Every dtype
-has its own kernel: float16 and bfloat16 read half the bytes of float32, and all but float64
-accumulate in float32. Rows longer than 2**20 elements (`Kernel.max_block_size`) have no GPU
-kernel (ValueError).
+`torch.cuda.current_stream()` there, never reading a value back to the host. In eager mode,
+when autograd will want the gradients, the forward runs the fused kernel (reads x1, x2 once;
+writes the loss and the gradients for an upstream gradient of 1) and holds those two N x D
+gradients until the backward, whose keep kernel leaves the rows whose upstream gradient is that
+one as they are and recomputes the others from x1 and x2. Otherwise (no_grad, no input that
+requires grad) the forward runs the forward kernel alone; compiled code runs the ops, the
+forward kernel then the backward kernel (cek/torch/_ops.py). Every dtype has its own kernel:
+float16 and bfloat16 read half the bytes of float32, and all but float64 accumulate in float32.
+Rows longer than 2**20 elements (`Kernel.max_block_size`) have no GPU kernel (ValueError).
+Whether CuPy sees a GPU is asked when the ops run, not here: the code before them is what
+torch.compile traces, and CuPy's calls cannot be traced.
 
 CPU tensors go through cek.functional's NumPy path: float16 and float32 are accumulated in
 float32, float64 in float64, bfloat16 (which NumPy lacks) is computed in float32 and cast back.
@@ -33,7 +38,7 @@ import torch
 from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
-from cek import gpu, validate
+from cek import validate
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.torch import _composite, _ops
 
@@ -137,8 +142,7 @@ def _check(input1, input2, target, margin, reduction):
     rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
     margin = validate.check_margin(margin)
     reduction = validate.check_reduction(reduction)
-    if input1.is_cuda:
-        gpu.require_cupy()
+    if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
         validate.check_gpu_problem(rows[0] if rows else 1, shape1[-1],
                                    CosineEmbeddingLossFused.max_block_size)
     # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype

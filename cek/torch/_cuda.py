@@ -4,17 +4,29 @@ to the host (so the ops can run under CUDA-graph capture and sync debug mode "er
 
 Labels and the per-row upstream gradient are prepared with torch operations, not CuPy ones: CuPy
 would allocate from its own pool, which a torch CUDA graph does not own.
+
+Tensors reach CuPy as DLPack capsules (torch.utils.dlpack.to_dlpack), not through
+`cupy.from_dlpack(tensor)`: that asks torch's `__dlpack__` to order the export on CuPy's current
+stream, and torch then records an event on its own current stream and makes the other wait on
+it whenever the two differ (CuPy asks for the legacy default stream unless one is entered).
+Under `torch.cuda.graph` capture that wait reaches outside the capture and fails it; elsewhere it
+is an event and a cross-stream wait per tensor. A capsule has no stream handshake: the kernel
+runs on torch's current stream, the stream that produced the tensors, so none is needed.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from cek import gpu
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek.kernel import next_power_of_two
 
 _KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
                   torch.float64: "f64"}
@@ -25,37 +37,42 @@ def _accumulation(dtype):
 
 
 def _rows(x1, x2, target):
-    """(x1, x2) as contiguous [N, D], labels as [N] in the accumulation dtype. float64 labels
-    are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no label) into 1."""
-    n, d = x1.shape if x1.dim() == 2 else (1, x1.shape[0])
-    # Detached: inside an autograd.Function's forward, views of an input still require grad,
-    # and DLPack refuses to export such a tensor.
-    x1, x2, y = x1.detach(), x2.detach(), target.detach().reshape(n)
+    """(x1, x2) as contiguous [N, D], labels as contiguous [N] in the accumulation dtype. float64
+    labels are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no label) into
+    1. No copy and no new tensor where the caller's already are so (the common step)."""
+    a1, a2, y = x1.contiguous(), x2.contiguous(), target
+    if a1.dim() == 1:
+        a1, a2, y = a1.view(1, -1), a2.view(1, -1), y.reshape(1)
     if y.dtype == torch.float64:
         y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
-    labels = y.to(_accumulation(x1.dtype)).contiguous()
-    return x1.contiguous().view(n, d), x2.contiguous().view(n, d), labels
+    return a1, a2, y.to(_accumulation(x1.dtype)).contiguous()
 
 
-def _cupy_view(cupy, tensor):
-    """A zero-copy CuPy array of a CUDA tensor; bfloat16, which CuPy lacks, as uint16 bits."""
-    if tensor.dtype == torch.bfloat16:
-        return cupy.from_dlpack(tensor.view(torch.int16)).view(cupy.uint16)
-    return cupy.from_dlpack(tensor)
+@functools.lru_cache(maxsize=None)
+def _kernel(kernel_class, block_size, dtype):
+    """One instance per kernel (at most 21 block sizes x 4 dtypes a class): its checks and
+    memoized source are built once, not per launch."""
+    return kernel_class(block_size, _KERNEL_DTYPES[dtype])
 
 
-def _launch(kernel_class, x1, tensors, n, d, margin, **scalars):
+def _views(cupy, tensors):
+    """Zero-copy CuPy arrays of CUDA tensors (None stays None); bfloat16, which CuPy lacks, as
+    uint16 bits. Exported as capsules, with no stream handshake (the module docstring)."""
+    return [None if t is None else cupy.from_dlpack(
+        to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16 else t)) for t in tensors]
+
+
+def _launch(cupy, kernel_class, x1, arrays, n, d, margin, **scalars):
     """Launch the kernel of x1's dtype for width d on x1's device and torch's current stream
-    there, taken per call: the current stream may change between calls. `tensors` are the
-    kernel's pointer arguments in order (None for an absent optional one); `scalars` its float
-    arguments other than margin, by name."""
-    cupy = gpu.require_cupy()
-    kernel = kernel_class.for_n_dim(d, _KERNEL_DTYPES[x1.dtype])
+    there, taken per call: the current stream may change between calls. `arrays` are the
+    kernel's pointer arguments in order (CuPy arrays, None for an absent optional one);
+    `scalars` its float arguments other than margin, by name."""
+    kernel = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
     device = x1.device
-    stream = torch.cuda.current_stream(device)
-    pointers = iter(None if t is None else _cupy_view(cupy, t) for t in tensors)
+    pointers = iter(arrays)
     sizes = {"n_rows": n, "n_dim": d, "margin": margin, **scalars}
     args = [next(pointers) if a.is_pointer else sizes[a.name] for a in kernel.args]
+    stream = torch.cuda.current_stream(device)
     with cupy.cuda.Device(device.index), cupy.cuda.Stream.from_external(stream):
         gpu.launch(kernel, *args)
 
@@ -66,14 +83,19 @@ def forward(x1, x2, target, margin, reduction):
     n, d = a1.shape
     rows = torch.empty(n, dtype=y.dtype, device=x1.device)
     if n > 0:
-        _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows), n, d, margin)
+        cupy = gpu.require_cupy()
+        _launch(cupy, CosineEmbeddingLossForwardRows, x1, _views(cupy, (a1, a2, y, rows)), n, d,
+                margin)
     return _reduced(rows, x1, reduction)
 
 
 def _reduced(rows, x1, reduction):
     # torch's own reductions are fixed-order on CUDA: deterministic, and mean([]) is NaN.
-    loss = rows if reduction == "none" else (rows.mean() if reduction == "mean" else rows.sum())
-    return loss.view(x1.shape[:1] if x1.dim() == 2 and reduction == "none" else ()).to(x1.dtype)
+    if reduction == "none":
+        loss = rows if x1.dim() == 2 else rows.view(())
+    else:
+        loss = rows.mean() if reduction == "mean" else rows.sum()
+    return loss.to(x1.dtype)
 
 
 def fused_scale(n, reduction):
@@ -82,32 +104,54 @@ def fused_scale(n, reduction):
 
 
 def fused_forward(x1, x2, target, margin, reduction):
-    """(loss, dx1, dx2) from the fused kernel, which reads x1 and x2 once: the loss, and the
+    """(loss, kept) from the fused kernel, which reads x1 and x2 once: the loss, and the
     gradients for an upstream gradient of 1 (each row's: fused_scale), which keep_backward
-    turns into the gradients for the upstream gradient the backward is given."""
+    turns into the gradients for the upstream gradient the backward is given. `kept` is what
+    keep_backward needs: (dx1, dx2, the CuPy views of x1, x2, labels, dx1 and dx2 or None for
+    N = 0), so the backward exports one tensor, dy, not six."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     rows = torch.empty(n, dtype=y.dtype, device=x1.device)
     dx1, dx2 = (torch.empty((n, d), dtype=x1.dtype, device=x1.device) for _ in range(2))
+    views = None
     if n > 0:
-        _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2), n, d, margin,
-                scale=fused_scale(n, reduction))
-    return _reduced(rows, x1, reduction), dx1, dx2
+        cupy = gpu.require_cupy()
+        v1, v2, vy, v_rows, v_dx1, v_dx2 = _views(cupy, (a1, a2, y, rows, dx1, dx2))
+        _launch(cupy, CosineEmbeddingLossFused, x1, (v1, v2, vy, None, v_rows, v_dx1, v_dx2),
+                n, d, margin, scale=fused_scale(n, reduction))
+        views = (v1, v2, vy, v_dx1, v_dx2)
+    return _reduced(rows, x1, reduction), (dx1, dx2, views)
 
 
-def keep_backward(grad, x1, x2, target, margin, reduction, dx1, dx2):
-    """fused_forward's dx1, dx2 made the gradients for `grad`, in place, on the device: rows
-    whose upstream gradient is the one the fused kernel used are kept as they are (the kernel
-    reads only their dy), the others are recomputed from x1 and x2. No value is read back."""
-    a1, a2, y = _rows(x1, x2, target)
-    n, d = a1.shape
-    scale = fused_scale(n, reduction)
-    # grad * scale in the accumulation dtype: exactly the fused kernel's scale where grad is 1.
-    dy = (grad.to(y.dtype).reshape(-1).expand(n) * scale).contiguous()
-    if n > 0:
-        _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, a1, a2, y, dx1, dx2), n, d, margin,
-                keep_dy=scale)
-    return dx1.view(x1.shape), dx2.view(x1.shape)
+def _per_row(grad, n, dtype):
+    """The upstream gradient of each row's loss before the mean's 1/N, in the accumulation
+    dtype: the loss's gradient, expanded (a view) where the loss is one value."""
+    grad = grad.to(dtype)
+    return grad if grad.dim() == 1 else grad.expand(n)
+
+
+def keep_backward(grad, x1, margin, reduction, kept):
+    """fused_forward's dx1, dx2 (in `kept`) made the gradients for `grad`, in place, on the
+    device: rows whose upstream gradient is the one the fused kernel used are kept as they are
+    (the kernel reads only their dy), the others are recomputed from x1 and x2. No value is
+    read back to the host."""
+    dx1, dx2, views = kept
+    if views is not None:
+        n, d = dx1.shape
+        scale = fused_scale(n, reduction)
+        v1, v2, vy, v_dx1, v_dx2 = views
+        # grad * scale in the accumulation dtype: exactly the fused kernel's scale where grad is
+        # 1; the product of the expanded grad is a new contiguous [N] tensor.
+        dy = _per_row(grad, n, _accumulation(x1.dtype)) * scale
+        cupy = gpu.require_cupy()
+        (v_dy,) = _views(cupy, (dy,))
+        _launch(cupy, CosineEmbeddingLossBackwardKeep, x1, (v_dy, v1, v2, vy, v_dx1, v_dx2), n,
+                d, margin, keep_dy=scale)
+    return _shaped(dx1, x1), _shaped(dx2, x1)
+
+
+def _shaped(dx, x1):
+    return dx if x1.dim() == 2 else dx.view(x1.shape)
 
 
 def backward(grad, x1, x2, target, margin, reduction):
@@ -115,10 +159,11 @@ def backward(grad, x1, x2, target, margin, reduction):
     x2 once and writes dx1 and dx2 once; `grad` stays on the device."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    dy = grad.to(y.dtype).reshape(-1).expand(n)
+    dy = _per_row(grad, n, y.dtype)
     dy = (dy / n if reduction == "mean" else dy).contiguous()
     dx1, dx2 = (torch.empty((n, d), dtype=x1.dtype, device=x1.device) for _ in range(2))
     if n > 0:
-        _launch(CosineEmbeddingLossBackwardRows, x1, (dy, a1, a2, y, dx1, dx2), n, d,
-                margin)
-    return dx1.view(x1.shape), dx2.view(x1.shape)
+        cupy = gpu.require_cupy()
+        _launch(cupy, CosineEmbeddingLossBackwardRows, x1,
+                _views(cupy, (dy, a1, a2, y, dx1, dx2)), n, d, margin)
+    return _shaped(dx1, x1), _shaped(dx2, x1)

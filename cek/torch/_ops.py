@@ -5,13 +5,17 @@ cek.torch: x1, x2 (N, D) or (D,) of one float dtype, target (N,) or () of a real
 - cek::cosine_embedding_loss(x1, x2, target, margin, reduction) -> loss
 - cek::cosine_embedding_loss_backward(grad, x1, x2, target, margin, reduction) -> (dx1, dx2)
 
-In eager mode cek.torch skips the dispatcher and calls the same implementations through
-`Eager`, an autograd.Function with the ops' autograd formula.
+The ops' forward saves x1, x2 and target (the caller's tensors: nothing new stays alive) and
+their backward runs cek's backward kernel for the grad_output it is given. This is what
+torch.compile, export and fake tensors run.
 
-The forward keeps x1, x2 and target (the caller's tensors: nothing new stays alive) and the
-backward runs cek's backward for the grad_output it is given, on the device: no value is read
-back to the host, so a step can be captured in a CUDA graph. With create_graph=True the
-backward is the composite torch formula instead, so it can itself be differentiated.
+In eager mode cek.torch skips the dispatcher and calls the implementations through `Eager`, an
+autograd.Function with the same formula. On CUDA tensors whose gradients autograd will want, its
+forward runs the fused kernel (the loss and the gradients for an upstream gradient of 1 in one
+pass) and holds those two N x D gradients until the backward, whose keep kernel recomputes only
+the rows whose upstream gradient differs (cek/torch/_cuda.py). Neither reads a value back to
+the host, so a step can be captured in a CUDA graph. With create_graph=True the backward is the
+composite torch formula instead, so it can itself be differentiated.
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ def backward_op(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, target: 
 
 @backward_op.register_fake
 def _(grad, x1, x2, target, margin, reduction):
-    return torch.empty_like(x1), torch.empty_like(x1)
+    # As the real op: new contiguous tensors of x1's shape and dtype (x1 and x2 share a dtype
+    # here), whatever x1's strides; empty_like would keep a transposed x1's strides.
+    return x1.new_empty(x1.shape), x1.new_empty(x1.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -90,8 +96,7 @@ def _backward(ctx, grad, run=backward_op):
     if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
         dx1, dx2 = _composite.gradients(grad, x1, x2, target, ctx.margin, ctx.reduction)
     elif fused is not None:
-        dx1, dx2 = _cuda.keep_backward(grad.contiguous(), x1, x2, target, ctx.margin,
-                                       ctx.reduction, *fused)
+        dx1, dx2 = _cuda.keep_backward(grad, x1, ctx.margin, ctx.reduction, fused)
     else:
         dx1, dx2 = run(grad.contiguous(), x1, x2, target, ctx.margin, ctx.reduction)
     return (dx1 if ctx.needs_input_grad[0] else None,
@@ -118,7 +123,7 @@ class Eager(torch.autograd.Function):
         _setup_context(ctx, inputs, None)
         if not fuse:
             return loss(*inputs)
-        result, *ctx.fused = _cuda.fused_forward(*inputs)
+        result, ctx.fused = _cuda.fused_forward(*inputs)
         return result
 
     @staticmethod
