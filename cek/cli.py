@@ -1,7 +1,7 @@
 """The `cek` command line: list, dump-source, compile, check, bench.
 
 A thin layer over the library: data goes to stdout, progress and diagnostics to stderr, and the
-library's exceptions become exit codes in one place (`Cli.invoke`): 0 ok; 1 the work failed (a
+library's exceptions become exit codes in one place (`Cli`): 0 ok; 1 the work failed (a
 compile error, a wrong result, a kernel error, no device for a GPU-only command, a file that
 cannot be written); 2 usage (a bad option or value). Every error is printed as `Error: ...`.
 """
