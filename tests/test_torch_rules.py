@@ -39,6 +39,51 @@ def test_opcheck_both_ops():
                           (grad, x1, x2, y, -0.2, "sum"))
 
 
+def test_opcheck_transposed_and_single_row_inputs():
+    """The fake implementations give what the real ops give, new contiguous tensors whatever the
+    inputs' strides, for (N, D) and (D,) inputs (planted: a backward fake of empty_like(x1)
+    keeps a transposed x1's strides and fails opcheck's test_faketensor)."""
+    x1, x2, y = (t.detach() for t in _inputs())
+    transposed = x1.t().contiguous().t()
+    assert transposed.stride() == (1, 6)
+    for a1, a2, target in ((transposed, x2, y), (x1[0], x2[0], y[0]), (x1[1], x2[2].t(), y[1])):
+        for reduction in ("none", "mean"):
+            torch.library.opcheck(torch.ops.cek.cosine_embedding_loss.default,
+                                  (a1, a2, target, -0.2, reduction))
+        grad = torch.linspace(0.5, 2.0, a1.shape[0], dtype=torch.float64) if a1.dim() == 2 \
+            else torch.tensor(1.5, dtype=torch.float64)
+        torch.library.opcheck(torch.ops.cek.cosine_embedding_loss_backward.default,
+                              (grad, a1, a2, target, -0.2, "none"))
+
+
+def test_compile_transposed_and_single_row_inputs():
+    """A compiled step on a transposed leaf and on a (D,) leaf of stride 2: inductor checks the
+    backward op's outputs against the fake's sizes and strides (assert_size_stride), so a fake
+    of other strides than the real op's fails here (planted: empty_like(x1) in the backward's
+    fake). Without inductor's caches: a graph cached before a fake changed keeps the asserts
+    of the old fake."""
+    torch._dynamo.reset()
+    x1, x2, y = (t.detach() for t in _inputs(seed=8))
+    leaves = [x1.t().contiguous().t(), torch.stack((x1[0], x1[1]), 1)[:, 0]]
+    assert leaves[0].stride() == (1, 6) and leaves[1].stride() == (2,)
+    leaves = [t.requires_grad_() for t in leaves]
+    twins = [t.detach().clone().requires_grad_() for t in leaves]
+
+    def step(a, row, b, y):
+        return ct.cosine_embedding_loss(a, b, y, 0.1), ct.cosine_embedding_loss(
+            row, b[2], y[1], 0.1, reduction="sum")
+
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        compiled = torch.compile(step, fullgraph=True)(*leaves, x2, y)
+        eager = step(*twins, x2, y)
+        torch.testing.assert_close(compiled, eager)
+        sum(compiled).backward()
+        sum(eager).backward()
+    for got, want in zip(leaves, twins):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
 def test_compile_fullgraph_matches_eager():
     """One compiled graph (AOTAutograd compiles its backward too), no graph break allowed."""
     torch._dynamo.reset()
