@@ -128,6 +128,21 @@ def test_bfloat16_gradients_round_as_from_float(native, monkeypatch):
         assert (compiled[1][3] & 0x7FFF > 0x7F80).all()  # the NaN row: NaN bits
 
 
+
+@pytest.mark.parametrize("d", [8, 33, 1000])
+def test_bfloat16_subnormal_gradients_round_as_from_float(native, monkeypatch, d):
+    # Upstream gradients that put some of a row's gradients below float32's smallest normal
+    # (1.2e-38) and leave others above it, 8 at a time: the compiled code rounds those 8 apart.
+    rng = np.random.default_rng(d)
+    x1, x2 = stored(rng.standard_normal((2, 6, d)), "bf16")
+    y = np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    g = np.array([1e-34, 1e-35, 1e-36, 1e-37, 1e-38, 1e-39])
+    compiled, numpy = both(monkeypatch, x1, x2, y, -1.0, g)
+    assert_same_bits(compiled, numpy)
+    small = (compiled[1] & 0x7F80) == 0
+    assert small.any() and not small.all()
+
+
 def test_without_a_compiler_the_numpy_code_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("CEK_CPU_NATIVE", "1")
     monkeypatch.setenv("CEK_CACHE_DIR", str(tmp_path))
