@@ -263,6 +263,7 @@ void rows_threaded(const S* x1, const S* x2, int64_t n, int64_t d, const int8_t*
                 at(g, first * g_stride), g_stride, at(loss, first), at(dx1, first * d),
                 at(dx2, first * d), sq1 + first, sq2 + first);
     };
+    if (n_threads < 1) n_threads = 1;
     std::vector<std::thread> threads;
     std::vector<int64_t> left;
     for (int64_t t = 0; t + 1 < n_threads; ++t) {
