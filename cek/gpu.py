@@ -10,6 +10,7 @@ CuPy is imported on first use: `import cek` works without it, and without a GPU.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Sequence
 
@@ -122,5 +123,12 @@ def launch(kernel: Kernel, *args, stream=None) -> None:
     (default: CuPy's current stream)."""
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
-    grid, block, shared_mem = kernel.launch_config(*kernel.problem_size(cast))
+    grid, block, shared_mem = _launch_config(kernel, *kernel.problem_size(cast))
     _launch_checked(cupy, kernel, COMMON_OPTIONS, grid, block, cast, shared_mem, stream)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_config(kernel: Kernel, n_rows: int, n_dim: int) -> tuple:
+    """kernel.launch_config, memoized per problem: a training loop launches the same few
+    problems step after step, and a launch's host time counts on small batches."""
+    return kernel.launch_config(n_rows, n_dim)

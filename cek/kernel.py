@@ -45,7 +45,7 @@ class Arg:
     output: bool = False
     optional: bool = False
 
-    @property
+    @functools.cached_property  # asked several times per argument on every launch
     def is_pointer(self) -> bool:
         return self.ctype.endswith("*")
 
@@ -173,10 +173,7 @@ class Kernel:
 
     def arg_dtype(self, arg: Arg) -> np.dtype:
         """The NumPy dtype of `arg` (for a pointer: of the array it points to)."""
-        d = dtypes.get(self.dtype)
-        if arg.ctype == "int":
-            return np.dtype(np.int32)
-        return d.array if arg.ctype.startswith("T") else d.acc
+        return _arg_dtype(self.dtype, arg)
 
     @property
     def source(self) -> str:
@@ -326,45 +323,43 @@ class Kernel:
         """
         if len(args) != len(self.args):
             raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(args)}")
-        cast: dict[str, Any] = {}
-        for spec, value in zip(self.args, args):
-            if spec.is_pointer:
-                continue
-            if spec.ctype == "int":
+        scalars, pointers, shapes = _arg_plan(type(self), self.dtype)
+        cast = list(args)
+        for i, name, is_int, c_type in scalars:
+            value = args[i]
+            if is_int:
                 if not _is_int(value):
-                    raise TypeError(f"{spec.name} must be an int, got {type(value).__name__}")
+                    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
                 if not -(2**31) <= int(value) < 2**31:
-                    raise ValueError(f"{spec.name}={value} does not fit a 32-bit int")
+                    raise ValueError(f"{name}={value} does not fit a 32-bit int")
             elif not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(
                 value, (bool, np.bool_)
             ):
-                raise TypeError(f"{spec.name} must be a float, got {type(value).__name__}")
-            cast[spec.name] = self.arg_dtype(spec).type(value)
-        for spec, value in zip(self.args, args):
-            if not spec.is_pointer:
-                continue
+                raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+            cast[i] = c_type(value)
+        shapes = [tuple(int(cast[j]) for j in dims) for dims in shapes]
+        for i, spec, want, shape_at in pointers:
+            value = args[i]
             if value is None and spec.optional:
-                cast[spec.name] = None
                 continue
             if not isinstance(value, array_types):
-                want = " or ".join(f"{t.__module__}.{t.__name__}" for t in array_types)
-                raise TypeError(f"{spec.name} must be a {want}, got {type(value).__name__}")
-            if value.dtype != self.arg_dtype(spec):
-                want = self.arg_dtype(spec)
+                names = " or ".join(f"{t.__module__}.{t.__name__}" for t in array_types)
+                raise TypeError(f"{spec.name} must be a {names}, got {type(value).__name__}")
+            if value.dtype != want:
                 bits = " (bfloat16 bits)" if self.dtype == "bf16" and spec.ctype == "T*" else ""
                 raise TypeError(f"{spec.name} must be {want}{bits}, got {value.dtype}")
-            shape = tuple(int(cast[s]) for s in spec.shape)
+            shape = shapes[shape_at]
             if tuple(value.shape) != shape:
-                dims = ", ".join(spec.shape)
-                raise ValueError(f"{spec.name} must have shape ({dims}) = {shape}, got {value.shape}")
+                names = ", ".join(spec.shape)
+                raise ValueError(f"{spec.name} must have shape ({names}) = {shape}, got "
+                                 f"{value.shape}")
             if not value.flags.c_contiguous:
                 raise ValueError(f"{spec.name} must be C-contiguous")
-            cast[spec.name] = value
-        return tuple(cast[spec.name] for spec in self.args)
+        return tuple(cast)
 
     def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
-        named = {spec.name: value for spec, value in zip(self.args, cast_args)}
-        return int(named["n_rows"]), int(named["n_dim"])
+        n_rows, n_dim = _size_positions(type(self))
+        return int(cast_args[n_rows]), int(cast_args[n_dim])
 
 
 class RowGroups:
@@ -428,3 +423,34 @@ def _source(kernel: Kernel) -> str:
 @functools.lru_cache(maxsize=None)
 def _cache_key(kernel: Kernel) -> str:
     return hashlib.sha256(_source(kernel).encode()).hexdigest()
+
+
+def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
+    if arg.ctype == "int":
+        return np.dtype(np.int32)
+    d = dtypes.get(dtype)
+    return d.array if arg.ctype.startswith("T") else d.acc
+
+
+# check_args runs on every launch: what it needs of a class's `args` (a ClassVar) for one dtype
+# is worked out once. Scalars: (position, name, is an int, C type); pointers: (position, Arg,
+# dtype, which of the shapes); shapes: the positions of the int arguments giving each distinct
+# shape (the kernels have two: [N, D] and [N]).
+@functools.lru_cache(maxsize=None)
+def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tuple]:
+    args = kernel_class.args
+    at = {spec.name: i for i, spec in enumerate(args)}
+    scalars = tuple((i, spec.name, spec.ctype == "int", _arg_dtype(dtype, spec).type)
+                    for i, spec in enumerate(args) if not spec.is_pointer)
+    shapes = tuple(dict.fromkeys(tuple(at[s] for s in spec.shape) for spec in args
+                                 if spec.is_pointer))
+    pointers = tuple((i, spec, _arg_dtype(dtype, spec),
+                      shapes.index(tuple(at[s] for s in spec.shape)))
+                     for i, spec in enumerate(args) if spec.is_pointer)
+    return scalars, pointers, shapes
+
+
+@functools.lru_cache(maxsize=None)
+def _size_positions(kernel_class: type[Kernel]) -> tuple[int, int]:
+    names = [spec.name for spec in kernel_class.args]
+    return names.index("n_rows"), names.index("n_dim")

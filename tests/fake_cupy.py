@@ -37,6 +37,9 @@ NAME = "Stand-in GPU (NumPy and the cek emulator)"
 CUDA_VERSION = 12080
 
 
+_GPU0 = types.SimpleNamespace(id=0)
+
+
 class DeviceArray(np.ndarray):
     """A NumPy array posing as a cupy.ndarray on GPU 0: `.device.id`, `.data.ptr`, and 0-d
     arrays where NumPy gives scalars (y[i]), as CuPy does."""
@@ -47,7 +50,7 @@ class DeviceArray(np.ndarray):
 
     @property
     def device(self):
-        return types.SimpleNamespace(id=0)
+        return _GPU0
 
     @property
     def data(self):

@@ -45,14 +45,20 @@ def _rows(x1, x2, target):
         a1, a2, y = a1.view(1, -1), a2.view(1, -1), y.reshape(1)
     if y.dtype == torch.float64:
         y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
-    return a1, a2, y.to(_accumulation(x1.dtype)).contiguous()
+    return a1, a2, _to(y, _accumulation(x1.dtype)).contiguous()
+
+
+def _to(tensor, dtype):
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)  # skips a dispatch
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(kernel_class, block_size, dtype):
-    """One instance per kernel (at most 21 block sizes x 4 dtypes a class): its checks and
-    memoized source are built once, not per launch."""
-    return kernel_class(block_size, _KERNEL_DTYPES[dtype])
+    """(kernel, its argument names with None for each pointer): one instance per kernel (at most
+    21 block sizes x 4 dtypes a class), so its checks and memoized source are found, not built,
+    on every launch."""
+    kernel = kernel_class(block_size, _KERNEL_DTYPES[dtype])
+    return kernel, tuple(None if a.is_pointer else a.name for a in kernel.args)
 
 
 def _views(cupy, tensors):
@@ -67,11 +73,11 @@ def _launch(cupy, kernel_class, x1, arrays, n, d, margin, **scalars):
     there, taken per call: the current stream may change between calls. `arrays` are the
     kernel's pointer arguments in order (CuPy arrays, None for an absent optional one);
     `scalars` its float arguments other than margin, by name."""
-    kernel = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
+    kernel, names = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
     device = x1.device
     pointers = iter(arrays)
     sizes = {"n_rows": n, "n_dim": d, "margin": margin, **scalars}
-    args = [next(pointers) if a.is_pointer else sizes[a.name] for a in kernel.args]
+    args = [next(pointers) if name is None else sizes[name] for name in names]
     stream = torch.cuda.current_stream(device)
     with cupy.cuda.Device(device.index), cupy.cuda.Stream.from_external(stream):
         gpu.launch(kernel, *args)
@@ -95,7 +101,7 @@ def _reduced(rows, x1, reduction):
         loss = rows if x1.dim() == 2 else rows.view(())
     else:
         loss = rows.mean() if reduction == "mean" else rows.sum()
-    return loss.to(x1.dtype)
+    return _to(loss, x1.dtype)
 
 
 def fused_scale(n, reduction):
@@ -126,7 +132,7 @@ def fused_forward(x1, x2, target, margin, reduction):
 def _per_row(grad, n, dtype):
     """The upstream gradient of each row's loss before the mean's 1/N, in the accumulation
     dtype: the loss's gradient, expanded (a view) where the loss is one value."""
-    grad = grad.to(dtype)
+    grad = _to(grad, dtype)
     return grad if grad.dim() == 1 else grad.expand(n)
 
 

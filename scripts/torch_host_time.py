@@ -1,0 +1,148 @@
+"""Host time of one cek.torch training step on the CUDA path, against torch's own eager step of
+this loss, on tiny CPU tensors, in one run.
+
+    python scripts/torch_host_time.py [--repeats 30] [--steps 50] [--profile]
+
+A step is `loss_fn(x1, x2, y, margin=0.1).backward()` on 4 x 8 float32 inputs that require grad.
+torch's step is F.cosine_embedding_loss on CPU tensors: its ~50 small ops are nearly all host
+time. cek's step runs everything a CUDA step runs on the host (the public function, the eager
+autograd.Function, labels and upstream gradient, DLPack views, cek.gpu.launch's checks, the
+device and stream glue) on CPU tensors that answer is_cuda, with the CuPy stand-in
+(tests/fake_cupy.py) in place of CuPy; only the call of the compiled kernel does nothing.
+Repetitions interleave the two and each keeps its best, so a busy machine slows both alike.
+`--profile` prints cProfile's view of cek's steps instead.
+"""
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import fake_cupy  # noqa: E402
+
+import cek.torch as ct  # noqa: E402
+from cek import gpu  # noqa: E402
+
+F = torch.nn.functional
+N, D = 4, 8
+
+
+class CudaLike(torch.Tensor):
+    """A CPU tensor that answers is_cuda, so cek.torch takes its CUDA path. torch functions do
+    not dispatch through the subclass (its results are plain tensors): it costs the ops on it
+    nothing, unlike a subclass with a Python __torch_function__."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+class _Stream:
+    def __cuda_stream__(self):
+        return (0, 0xC0FFEE)
+
+
+class _Compiled(dict):
+    """cek.gpu's memo of compiled functions, holding for every kernel a function that only
+    counts its calls: the lookup is timed, the kernel is not."""
+
+    launches = 0
+
+    def get(self, key, default=None):
+        return self._no_kernel
+
+    def _no_kernel(self, grid, block, args, *, shared_mem=0, stream=None):
+        self.launches += 1
+
+
+@contextlib.contextmanager
+def cuda_path():
+    """cek.torch's CUDA path on CPU tensors: the stand-in for CuPy, torch's current stream, and
+    the subclass counted as a plain tensor (cek.torch's eager route takes only those)."""
+    with pytest.MonkeyPatch.context() as patch:
+        fake_cupy.install(patch)
+        compiled = _Compiled()
+        patch.setattr(gpu, "get_function", _REAL_GET_FUNCTION)
+        patch.setattr(gpu, "_functions", compiled)
+        patch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+        patch.setattr(ct, "_PLAIN", (*ct._PLAIN, CudaLike))
+        yield compiled
+
+
+_REAL_GET_FUNCTION = gpu.get_function
+
+
+def inputs(cuda):
+    g = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(N, D, generator=g), torch.randn(N, D, generator=g)
+    y = torch.tensor([1.0, -1.0] * (N // 2))
+    if cuda:
+        x1, x2, y = (t.as_subclass(CudaLike) for t in (x1, x2, y))
+    return x1.requires_grad_(), x2.requires_grad_(), y
+
+
+def step_fn(loss_fn, x1, x2, y):
+    def step():
+        x1.grad = x2.grad = None
+        loss_fn(x1, x2, y, margin=0.1).backward()
+    return step
+
+
+def measure(repeats=30, steps=50):
+    """(cek's best seconds per step, torch's, kernel launches per cek step). Many short
+    interleaved runs: on a busy machine the best of them is the one least disturbed."""
+    with cuda_path() as compiled:
+        cek_step = step_fn(ct.cosine_embedding_loss, *inputs(cuda=True))
+        torch_step = step_fn(F.cosine_embedding_loss, *inputs(cuda=False))
+        cek_step()
+        launches_per_step, compiled.launches = compiled.launches, 0
+        best = [float("inf")] * 2
+        for _ in range(repeats):
+            for i, step in enumerate((cek_step, torch_step)):
+                step()  # warm
+                start = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                best[i] = min(best[i], (time.perf_counter() - start) / steps)
+    return best[0], best[1], launches_per_step
+
+
+def profile(steps=2000):
+    import cProfile
+    import pstats
+
+    with cuda_path():
+        step = step_fn(ct.cosine_embedding_loss, *inputs(cuda=True))
+        step()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.profile:
+        profile()
+        return
+    cek_s, torch_s, launches = measure(args.repeats, args.steps)
+    print(f"cek.torch CUDA-path step (kernel stubbed): {cek_s * 1e6:.0f} us, {launches} launches")
+    print(f"torch eager forward + backward:            {torch_s * 1e6:.0f} us")
+    print(f"ratio cek / torch:                         {cek_s / torch_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The host time of one cek.torch training step on the CUDA path against torch's own eager
+forward + backward of this loss on tiny CPU tensors, timed in one run by
+scripts/torch_host_time.py (the figures in docs/torch.md): small batches are bound by Python,
+so this is what such a step costs. Only the call of the compiled kernel is stubbed."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "torch_host_time.py"
+spec = importlib.util.spec_from_file_location("torch_host_time", SCRIPT)
+host_time = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_time)
+
+# On the 2-core CPU development machine, busy with other work, cek's step took 1.04 to 1.20
+# times torch's (ten runs), and 1.71 to 2.33 times (three runs of the same script) with the
+# code before the launch path was trimmed. The bound leaves room for a busier machine and still
+# fails at the old figures. The issue's aim, a quarter of torch's, is not met: docs/torch.md
+# says where the time goes.
+MAX_RATIO = 1.45
+
+
+def test_cuda_path_step_against_torchs_eager_step():
+    cek_s, torch_s, launches = host_time.measure()
+    assert launches == 2, "a cek step is the fused and the keep kernel: the stub ran neither"
+    ratio = cek_s / torch_s
+    assert ratio <= MAX_RATIO, (f"cek {cek_s * 1e6:.0f} us, torch {torch_s * 1e6:.0f} us per "
+                                f"step: {ratio:.2f} times torch's, above {MAX_RATIO}")
