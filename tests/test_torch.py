@@ -259,20 +259,22 @@ def _good():
     return {"input1": x1, "input2": x2, "target": y}
 
 
-# (name, changes to the good arguments, exception, text the message must contain)
+# (name, changes to the good arguments, exception, text the message must contain). Shapes the
+# loss does not take raise ct.ShapeError, a ValueError and a RuntimeError (what torch raises).
 BAD_INPUTS = [
     ("numpy input", {"input1": np.ones((N, D))}, TypeError, "ndarray"),
     ("complex inputs", {"input1": torch.ones(N, D, dtype=torch.complex128)}, TypeError,
      "complex128"),
     ("complex target", {"target": torch.ones(N, dtype=torch.complex64)}, TypeError, "complex64"),
     ("target device", {"target": torch.ones(N, device="meta")}, TypeError, "meta"),
-    ("input2 shape", {"input2": torch.ones(N, D + 1, dtype=torch.float64)}, ValueError, "(8, 10)"),
-    ("target shape", {"target": torch.ones(N + 1)}, ValueError, "(9,)"),
+    ("input2 shape", {"input2": torch.ones(N, D + 1, dtype=torch.float64)}, ct.ShapeError,
+     "(8, 10)"),
+    ("target shape", {"target": torch.ones(N + 1)}, ct.ShapeError, "(9,)"),
     ("3 dims", {"input1": torch.ones(N, D, 1, dtype=torch.float64),
-                "input2": torch.ones(N, D, 1, dtype=torch.float64)}, ValueError, "3 dims"),
-    ("widths differ", {"input2": torch.ones(N, 1, dtype=torch.float64)}, ValueError, "(8, 1)"),
-    ("rows differ", {"input2": torch.ones(N - 1, D, dtype=torch.float64)}, ValueError, "(7, 9)"),
-    ("2-D target", {"target": torch.ones(N, 1)}, ValueError, "(8, 1)"),
+                "input2": torch.ones(N, D, 1, dtype=torch.float64)}, ct.ShapeError, "3 and 3 dims"),
+    ("widths differ", {"input2": torch.ones(N, 1, dtype=torch.float64)}, ct.ShapeError, "(8, 1)"),
+    ("rows differ", {"input2": torch.ones(N - 1, D, dtype=torch.float64)}, ct.ShapeError, "(7, 9)"),
+    ("2-D target", {"target": torch.ones(N, 1)}, ct.ShapeError, "(8, 1)"),
     ("reduction", {"reduction": "avg"}, ValueError, "'avg'"),
     ("margin inf", {"margin": float("inf")}, ValueError, "inf"),
     ("margin tensor", {"margin": torch.tensor(0.5)}, TypeError, "Tensor"),

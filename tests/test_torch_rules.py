@@ -121,6 +121,29 @@ def test_export_and_meta_tensors():
     assert meta.device.type == "meta" and meta.shape == (6,) and meta.dtype == torch.float64
 
 
+def test_composite_path_on_meta_tensors(monkeypatch):
+    """The composite torch formula (devices other than CPU and CUDA, D = 0, create_graph, the
+    transforms) holds no CPU- or CUDA-only call: on meta tensors, a device of neither kind, it
+    gives the loss's and the gradients' shapes, dtypes and device. The public function takes it
+    on meta tensors of D = 0 (no other device but CPU and meta exists on a CPU-only torch)."""
+    from cek.torch import _composite
+
+    calls = []
+    real = _composite.loss
+    monkeypatch.setattr(_composite, "loss", lambda *args: calls.append(args) or real(*args))
+    empty = torch.empty(4, 0, dtype=torch.float64, device="meta")
+    y = torch.ones(4, device="meta")
+    for reduction, shape in (("none", (4,)), ("mean", ()), ("sum", ())):
+        out = ct.cosine_embedding_loss(empty, empty, y, 0.1, reduction=reduction)
+        assert (out.device.type, out.shape, out.dtype) == ("meta", shape, torch.float64)
+    assert len(calls) == 3
+    a1, a2 = (torch.empty(4, 5, dtype=torch.float16, device="meta") for _ in range(2))
+    loss = real(a1, a2, y, 0.1, "none")
+    assert (loss.device.type, loss.shape, loss.dtype) == ("meta", (4,), torch.float16)
+    for dx in _composite.gradients(torch.ones((), device="meta"), a1, a2, y, 0.1, "mean"):
+        assert (dx.device.type, dx.shape, dx.dtype) == ("meta", (4, 5), torch.float16)
+
+
 # -- higher order, forward mode, vmap ----------------------------------------------------------
 
 

@@ -7,7 +7,16 @@ the inputs are rebuilt here as torch defines them:
 - ModuleInfo `nn.CosineEmbeddingLoss` (common_modules.py): (15, 10) inputs, labels the sign of
   make_tensor's values, the default module, each reduction, margin 0.7;
 - test_nn.py's test_cosine_embedding_loss_with_diff_type: every real dtype for input1, input2
-  and target (unsigned targets aside) gives the float64 result to 1e-3.
+  and target (unsigned targets aside) gives the float64 result to 1e-3;
+- test_nn.py's error inputs, test_cosine_embedding_loss_error_on_diff_shapes ((0, 0) and (0,)
+  inputs, ".*expects 2D.*") and ..._error_on_nonexpandable_shapes ((1, 5) against (1, 6),
+  ".*must match the size.*"), with the wrong target and input dimensions ATen's
+  cosine_embedding_loss checks (Loss.cpp's messages): torch raises RuntimeError, and so does
+  cek (cek.torch.ShapeError, also a ValueError);
+- common_nn.py's CosineEmbeddingLoss_no_batch_dim_{none,mean,sum}: (9,) float64 inputs and the
+  target 1, against torch's module on the same row batched as (1, 9) (its
+  single_batch_reference_criterion_fn), with gradcheck and gradgradcheck as its CriterionTest
+  runs them.
 """
 
 import itertools
@@ -98,3 +107,56 @@ def test_with_diff_type(device):
         assert ours.dtype == F.cosine_embedding_loss(input1.to(dt1), input2.to(dt2),
                                                      target.to(dt3)).dtype, (dt1, dt2, dt3)
         assert abs(ours.item() - expected.item()) <= 1e-3, (dt1, dt2, dt3)
+
+
+# (name, the inputs on a device, the pattern torch's test asks of the message)
+ERROR_INPUTS = [
+    ("error_on_diff_shapes", lambda device: (
+        torch.empty((0, 0), dtype=torch.double, device=device),
+        torch.empty((0,), dtype=torch.double, device=device),
+        torch.empty((0,), dtype=torch.int, device=device)), ".*expects 2D.*"),
+    ("error_on_nonexpandable_shapes", lambda device: (
+        torch.empty((1, 5), dtype=torch.double, device=device),
+        torch.empty((1, 6), dtype=torch.double, device=device),
+        torch.ones((1,), dtype=torch.int, device=device)), ".*must match the size.*"),
+    ("2-D target", lambda device: (
+        torch.randn(15, 10, device=device), torch.randn(15, 10, device=device),
+        torch.randn(15, 1, device=device).sign()), "0D or 1D target tensor expected"),
+    ("1-D target, 1-D inputs", lambda device: (
+        torch.randn(10, device=device), torch.randn(10, device=device),
+        torch.randn(10, device=device)), "1D target tensor expects 2D input tensors"),
+    ("0-D target, 2-D inputs", lambda device: (
+        torch.randn(2, 5, device=device), torch.randn(2, 5, device=device),
+        torch.randn((), device=device)), "0D target tensor expects 1D input tensors"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, make, pattern", ERROR_INPUTS, ids=[e[0] for e in ERROR_INPUTS])
+def test_error_inputs(device, name, make, pattern):
+    inputs = make(device)
+    with pytest.raises(RuntimeError, match=pattern):  # what torch's test asks of torch
+        F.cosine_embedding_loss(*inputs)
+    for loss_fn in (ct.cosine_embedding_loss, ct.CosineEmbeddingLoss()):
+        with pytest.raises(RuntimeError, match=pattern) as info:
+            loss_fn(*inputs)
+        assert isinstance(info.value, ct.ShapeError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_no_batch_dim(device, reduction):
+    gen = torch.Generator().manual_seed(3)
+    x1, x2 = (torch.randn(9, dtype=torch.double, generator=gen).to(device).requires_grad_()
+              for _ in range(2))
+    target = torch.tensor(1, dtype=torch.double, device=device)
+    module = ct.CosineEmbeddingLoss(reduction=reduction)
+    ours = module(x1, x2, target)
+    batched = torch.nn.CosineEmbeddingLoss(reduction=reduction)(
+        x1.unsqueeze(0), x2.unsqueeze(0), target.unsqueeze(0))
+    theirs = batched.squeeze(0) if reduction == "none" else batched
+    assert ours.shape == theirs.shape == () and ours.dtype == torch.double
+    rtol, atol = TOLERANCES[torch.double]
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+    assert torch.autograd.gradcheck(lambda a, b: module(a, b, target), (x1, x2))
+    assert torch.autograd.gradgradcheck(lambda a, b: module(a, b, target), (x1, x2))

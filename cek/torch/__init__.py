@@ -42,10 +42,16 @@ from cek import validate
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.torch import _composite, _ops
 
-__all__ = ["CosineEmbeddingLoss", "cosine_embedding_loss"]
+__all__ = ["CosineEmbeddingLoss", "ShapeError", "cosine_embedding_loss"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HALVES = (torch.float16, torch.bfloat16)
+
+
+class ShapeError(ValueError, RuntimeError):
+    """Inputs of shapes this loss does not take. A ValueError, as cek's checks raise for a bad
+    value, and a RuntimeError, as torch raises for these shapes: code written against either
+    catches it. The messages start as torch's do."""
 
 
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
@@ -65,8 +71,8 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     input1, input2, target, margin, reduction = _check(input1, input2, target, margin, reduction)
     if autocast:
         with torch.autocast(device_type=device_type, enabled=False):
-            return _apply(input1, input2, target, margin, reduction)
-    return _apply(input1, input2, target, margin, reduction)
+            return _apply(input1, input2, target, margin, reduction, device_type)
+    return _apply(input1, input2, target, margin, reduction, device_type)
 
 
 class CosineEmbeddingLoss(torch.nn.Module):
@@ -86,11 +92,16 @@ class CosineEmbeddingLoss(torch.nn.Module):
         return f"margin={self.margin}, reduction={self.reduction!r}"
 
 
-def _apply(input1, input2, target, margin, reduction):
-    if input1.shape[-1] == 0 or input1.device.type not in ("cpu", "cuda", "meta") or (
-            not torch.compiler.is_compiling() and _transformed(input1, input2, target)):
+def _apply(input1, input2, target, margin, reduction, device_type):
+    """The composite torch formula, the eager autograd.Function or the custom op. The three
+    tensors are on one device (_check), of type `device_type`."""
+    if device_type not in ("cpu", "cuda", "meta") or input1.shape[-1] == 0:
         return _composite.loss(input1, input2, target, margin, reduction)
-    if _plain_eager(input1, input2, target):
+    if torch.compiler.is_compiling():
+        return _ops.loss_op(input1, input2, target, margin, reduction)
+    if _transformed(input1, input2, target):
+        return _composite.loss(input1, input2, target, margin, reduction)
+    if _plain_eager(device_type, input1, input2, target):
         fuse = input1.is_cuda and torch.is_grad_enabled() and (
             input1.requires_grad or input2.requires_grad)
         return _ops.Eager.apply(input1, input2, target, margin, reduction, fuse)
@@ -100,12 +111,12 @@ def _apply(input1, input2, target, margin, reduction):
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _plain_eager(*tensors) -> bool:
-    """Plain CPU or CUDA tensors in eager mode, where the ops' dispatch is only a cost. Under
-    torch.compile, export, make_fx, fake or meta tensors and tensor subclasses the custom ops
-    run, so what traces sees is the op with its fake implementation."""
-    return (not torch.compiler.is_compiling() and _dispatch_mode() is None
-            and all(type(t) in _PLAIN and t.device.type != "meta" for t in tensors))
+def _plain_eager(device_type, *tensors) -> bool:
+    """Plain CPU or CUDA tensors outside torch.compile, where the ops' dispatch is only a cost.
+    Under export, make_fx, fake or meta tensors and tensor subclasses the custom ops run, so
+    what traces sees is the op with its fake implementation."""
+    return (device_type != "meta" and _dispatch_mode() is None
+            and all(type(t) in _PLAIN for t in tensors))
 
 
 def _transformed(*tensors) -> bool:
@@ -123,22 +134,29 @@ def _check(input1, input2, target, margin, reduction):
             raise TypeError(f"{name} must have a real or bool dtype, got {value.dtype}")
     if target.is_complex():
         raise TypeError(f"target must have a real or bool dtype, got {target.dtype}")
+    device = input1.device
     for name, value in (("input2", input2), ("target", target)):
-        if value.device != input1.device:
-            raise TypeError(f"{name} is on {value.device}, but input1 is on {input1.device}")
+        if value.device != device:
+            raise TypeError(f"{name} is on {value.device}, but input1 is on {device}")
     shape1, shape2, shape_t = tuple(input1.shape), tuple(input2.shape), tuple(target.shape)
+    if target.dim() > 1:
+        raise ShapeError(f"0D or 1D target tensor expected, multi-target not supported, got "
+                         f"target {shape_t}")
     dims = 2 if target.dim() == 1 else 1
-    if target.dim() > 1 or input1.dim() != dims or input2.dim() != dims:
-        raise ValueError(
-            f"input1 and input2 must be (N, D) with an (N,) target or (D,) with a 0-d target, "
-            f"got {input1.dim()} dims: {shape1}, {shape2} and target {shape_t}")
+    if input1.dim() != dims or input2.dim() != dims:
+        wanted = "1D target tensor expects 2D input tensors (N, D)" if dims == 2 else \
+            "0D target tensor expects 1D input tensors (D,)"
+        raise ShapeError(f"{wanted}, but found inputs with sizes {shape1} and {shape2} "
+                         f"({input1.dim()} and {input2.dim()} dims), target {shape_t}")
     if shape1[-1] != shape2[-1]:  # torch would broadcast D too, but then each norm runs over
-        raise ValueError(  # its own width: a different loss, not cek's (docs/torch.md)
-            f"input1 and input2 must have the same width D, got {shape1} and {shape2}")
+        raise ShapeError(  # its own width: a different loss, not cek's (docs/torch.md)
+            f"the width D of input1 ({shape1[-1]}) must match the size of input2's "
+            f"({shape2[-1]}): got {shape1} and {shape2}")
     counts = {shape1[0], shape2[0], shape_t[0]} - {1} if dims == 2 else set()
     if len(counts) > 1:  # torch's broadcasting of the rows: each count is N or 1
-        raise ValueError(f"the rows of input1 {shape1}, input2 {shape2} and target {shape_t} "
-                         f"do not broadcast")
+        raise ShapeError(f"the rows of input1 {shape1}, input2 {shape2} and target {shape_t} "
+                         f"do not broadcast: each count must match the size N of the others "
+                         f"or be 1")
     rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
     margin = validate.check_margin(margin)
     reduction = validate.check_reduction(reduction)
@@ -150,7 +168,8 @@ def _check(input1, input2, target, margin, reduction):
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
     shape = (*rows, shape1[-1])
-    input1, input2 = (_expanded(t.to(dtype), shape) for t in (input1, input2))
+    input1, input2 = (_expanded(t if t.dtype == dtype else t.to(dtype), shape)
+                      for t in (input1, input2))
     if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
         target = target.to(torch.uint8)
     return input1, input2, _expanded(target, rows), margin, reduction
