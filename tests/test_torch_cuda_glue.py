@@ -2,7 +2,6 @@
 stand-in and the emulator (tests/fake_cupy.py). It proves which kernel each op launches, on which
 stream, into which buffers, and what comes back; what only a driver does is the gpu tier's."""
 
-import types
 
 import numpy as np
 import pytest
