@@ -26,22 +26,27 @@ class Gpu:
     clock_hz: float
 
 
-# SM counts and DRAM bandwidth: NVIDIA's datasheets (A100 80GB SXM 2,039 GB/s; H100 SXM 3.35 TB/s;
-# H200 4.8 TB/s) and the A100 / H100 whitepapers (108 and 132 SMs; H200 keeps H100 SXM's die).
-# Boost clocks (1410 MHz A100, 1755 MHz H100) turn the latency below from cycles to seconds; H200
-# is taken at H100's clock.
+# SM counts and DRAM bandwidth: NVIDIA's datasheets ("NVIDIA A100 Tensor Core GPU": 2,039 GB/s
+# for the 80GB SXM; "NVIDIA H100 Tensor Core GPU": 3.35 TB/s for H100 SXM; "NVIDIA H200 Tensor
+# Core GPU": 4.8 TB/s) and the A100 / H100 architecture whitepapers (108 and 132 SMs; H200 is the
+# same GH100 part as H100 SXM with HBM3e). Boost clocks turn the latency below from cycles into
+# seconds: 1410 MHz for A100 SXM (A100 whitepaper), 1980 MHz for H100 SXM5 in NVIDIA's final H100
+# specifications, and the same for H200, which keeps H100 SXM's die and power; 1755 MHz is the
+# H100 PCIe's boost clock (and the "H100" column of the latency table cited below).
 GPUS = {
     "a100": Gpu("A100 80GB SXM", "sm_80", 108, 2.0e12, 1.410e9),
-    "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, 1.755e9),
-    "h200": Gpu("H200", "sm_90", 132, 4.8e12, 1.755e9),
+    "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, 1.980e9),
+    "h200": Gpu("H200", "sm_90", 132, 4.8e12, 1.980e9),
 }
-# Global-memory (DRAM) load latency in cycles, the figure given for A100 and H100 alike in
-# Table 3 of "Hardware features of different Nvidia GPU architectures" (Ultrasonics
-# Sonochemistry 99, 106546, 2023, PMC10448217). A loaded memory system waits longer, so the
-# Little's-law target below is a floor, not a goal.
+# Global-memory (DRAM) load latency in cycles: 400 for A100 and H100 alike in Table 3 of
+# "Hardware features of different Nvidia GPU architectures" (Ultrasonics Sonochemistry 99,
+# 106546, 2023, PMC10448217). Microbenchmarks measure the latency of each memory level on
+# Hopper: Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture"
+# (arXiv:2402.13499, 2024, on H800) and its extended version "Dissecting the NVIDIA Hopper
+# Architecture through Microbenchmarking and Multiple Level Analysis" (arXiv:2501.12084); replace
+# this figure with a measured one when one is at hand. A loaded memory system waits longer, so
+# the Little's-law target below is a floor, not a goal.
 DRAM_LATENCY_CYCLES = 400
-# The compile option that leaves only the ordinary aligned row's path (cek_row.cuh).
-COMMON_PATH = ("-DCEK_COMMON_PATH",)
 
 
 def little_bytes_per_sm(gpu: Gpu) -> int:
@@ -79,11 +84,10 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
     summary.pop("seconds")
     if tool is None:
         return summary, None
-    # The SASS facts are those of the path an ordinary aligned row takes: the same source with
-    # the misaligned-view and huge-row branches compiled away (CEK_COMMON_PATH in cek_row.cuh).
-    # Resources and occupancy stay those of the real kernel, rare branches included.
-    common = kernel.compile(arch, COMMON_PATH)
-    return summary, sass.facts(sass.disassemble(common.cubin, tool)).as_dict()
+    # One build, the one that launches: its resources, and the SASS facts of the path an
+    # ordinary aligned row takes through it, the code behind CEK_RARE_PATH() (the misaligned
+    # fallback, the huge-row branch: kernels/cek_row.cuh) left out.
+    return summary, sass.facts(sass.disassemble(compiled.cubin, tool)).as_dict()
 
 
 def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
@@ -107,6 +111,7 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         "block_size": kernel.block_size, "n_rows": n_rows, "n_dim": n_dim, "arch": arch,
         "gpu": gpu, **summary,
         "dynamic_shared_bytes": dynamic_shared, "grid": list(grid), "block": list(block),
+        "rows_per_block": math.ceil(n_rows / blocks),
         "blocks_per_sm": o.blocks_per_sm, "warps_per_sm": o.warps_per_sm,
         "occupancy": o.occupancy, "occupancy_limit": o.limit,
         "blocks_per_sm_by_limit": dict(o.by_limit),
@@ -120,8 +125,20 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         moved = facts["load_bytes"] + facts["store_bytes"]
         row["sass"] = json.loads(json.dumps(facts))  # a copy the caller may change
         row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
-        row["bytes_in_flight_per_sm"] = facts["first_round_bytes"] * o.blocks_per_sm * threads
+        row["bytes_in_flight_per_sm"] = bytes_in_flight(facts, threads, row["rows_per_block"],
+                                                        o.blocks_per_sm)
     return row
+
+
+def bytes_in_flight(facts: dict, threads: int, rows_per_block: int, blocks_per_sm: int) -> int:
+    """Global-load bytes an SM has in flight before its threads' first wait, at full occupancy.
+
+    The 128-bit loads are the row's chunks, each thread its own: they count once per thread.
+    The narrower loads on the ordinary aligned path are y[row] and dy[row] (pinned per kernel in
+    tests/test_report.py), which every thread of a row loads from the same address: DRAM
+    delivers them once, so they count once per row."""
+    wide = facts["first_round_bytes"] - facts["first_round_narrow_bytes"]
+    return blocks_per_sm * (wide * threads + facts["first_round_narrow_bytes"] * rows_per_block)
 
 
 # Columns of the text table: (heading, how to show the row).
@@ -132,6 +149,10 @@ def _fmt_sass(key):
 def _widths(which):
     return lambda r: "-" if r["sass"] is None else " ".join(
         f"{n}x{w}" for w, n in sorted(r["sass"][which].items(), key=lambda kv: -int(kv[0])))
+
+
+def _kib(n: int) -> str:
+    return f"{n}B" if n < 1024 else f"{n / 1024:.0f}K"
 
 
 COLUMNS = [
@@ -159,8 +180,8 @@ COLUMNS = [
     ("instr/B", lambda r: "-" if r["instructions_per_byte"] is None
      else f"{r['instructions_per_byte']:.2f}"),
     ("inflight/SM", lambda r: "-" if r["bytes_in_flight_per_sm"] is None
-     else f"{r['bytes_in_flight_per_sm'] / 1024:.0f}K"),
-    ("need/SM", lambda r: f"{r['needed_bytes_in_flight_per_sm'] / 1024:.0f}K"),
+     else _kib(r["bytes_in_flight_per_sm"])),
+    ("need/SM", lambda r: _kib(r["needed_bytes_in_flight_per_sm"])),
 ]
 
 

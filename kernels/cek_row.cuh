@@ -74,19 +74,22 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
+// Opens a branch that an ordinary row of an aligned tensor never takes (a misaligned view, a
+// huge row). On the GPU it is a `pmevent`, which only signals a profiler counter; its SASS, a
+// PMTRIG, tells the static report (cek/sass.py) where the rare code starts, so that it reads the
+// ordinary path out of the very cubin that launches. Nothing on the CPU emulator.
+#ifdef __CUDA_ARCH__
+#define CEK_RARE_PATH() asm volatile("pmevent 0;")
+#else
+#define CEK_RARE_PATH()
+#endif
+
 // 128-bit accesses need every row start 16-byte aligned: true for all rows exactly when the base
 // pointers are and n_dim is a whole number of chunks. A view with an offset fails this and takes
 // the scalar path.
-//
-// CEK_COMMON_PATH is defined only where the compiled code is read, never for a launch (the
-// static report, `cek compile --report`): this test and the huge-row test (cek_sums_ordinary)
-// then answer "aligned, ordinary", so the SASS left is what an ordinary aligned row runs.
 template <typename T>
 __device__ __forceinline__ bool cek_vectorizable(int n_dim, const void* a, const void* b,
                                                  const void* c, const void* d) {
-#ifdef CEK_COMMON_PATH
-    return true;
-#endif
     return n_dim % CekVec<T>::N == 0 && cek_aligned16(a) && cek_aligned16(b) &&
            cek_aligned16(c) && cek_aligned16(d);
 }
@@ -100,13 +103,17 @@ __device__ __forceinline__ CekChunk<T> cek_load_chunk(const T* __restrict__ row,
         int4 raw;
         CekChunk<T> chunk;
     } u;
-    u.raw = make_int4(0, 0, 0, 0);
     const int k = chunk * VEC;
-    if (k >= n_dim) return u.chunk;
     if (vec) {
-        u.raw = __ldg(reinterpret_cast<const int4*>(row) + chunk);
+        // A select, not an early return: ptxas then loads into the registers the chunk lives
+        // in; with a branch it may load elsewhere and copy, and the copy waits for the load.
+        const int4 zero = make_int4(0, 0, 0, 0);
+        u.raw = k < n_dim ? __ldg(reinterpret_cast<const int4*>(row) + chunk) : zero;
         return u.chunk;
     }
+    u.raw = make_int4(0, 0, 0, 0);
+    if (k >= n_dim) return u.chunk;
+    CEK_RARE_PATH();  // a misaligned view, element by element
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
         if (k + i < n_dim) u.chunk.v[i] = row[k + i];
@@ -128,6 +135,7 @@ __device__ __forceinline__ void cek_store_chunk(T* __restrict__ row, int chunk, 
         reinterpret_cast<int4*>(row)[chunk] = u.raw;
         return;
     }
+    CEK_RARE_PATH();  // a misaligned view
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
         if (k + i < n_dim) row[k + i] = c.v[i];
@@ -226,19 +234,11 @@ struct CekLimits<double> {
 
 template <typename Acc>
 __device__ __forceinline__ bool cek_sums_ordinary(const CekSums<Acc>& s) {
-#ifdef CEK_COMMON_PATH
-    return true;  // see cek_vectorizable
-#endif
     return s.sq1 < CekLimits<Acc>::BIG && s.sq2 < CekLimits<Acc>::BIG;
 }
 
-// Whether every lane of the warp has an ordinary row. Under CEK_COMMON_PATH this is true without
-// the vote: nvcc does not fold __all_sync of a constant, and the rare branch it guards would be
-// read as the common path's.
+// Whether every lane of the warp has an ordinary row.
 __device__ __forceinline__ bool cek_warp_ordinary(bool ordinary) {
-#ifdef CEK_COMMON_PATH
-    return true;
-#endif
     return __all_sync(0xffffffffu, ordinary);
 }
 
@@ -255,17 +255,38 @@ struct CekRowPair {
     CekChunk<T> b[CHUNKS];  // x2
 };
 
+// Loads chunks first, first + step, ... of x1 into a and of x2 into b, every load issued before
+// any value is used. The alignment test is made once for all N pairs, not per chunk: two paths
+// per chunk meet in registers that ptxas may fill with a copy of the loaded ones, and a copy
+// waits for its load, so the next chunk's load would issue one memory round trip later.
+template <int N, typename T>
+__device__ __forceinline__ void cek_load_pairs(CekChunk<T> (&a)[N], CekChunk<T> (&b)[N],
+                                               const T* __restrict__ x1,
+                                               const T* __restrict__ x2, int first, int step,
+                                               int n_dim, bool vec) {
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            a[i] = cek_load_chunk(x1, first + i * step, n_dim, true);
+            b[i] = cek_load_chunk(x2, first + i * step, n_dim, true);
+        }
+        return;
+    }
+    CEK_RARE_PATH();  // a misaligned view
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        a[i] = cek_load_chunk(x1, first + i * step, n_dim, false);
+        b[i] = cek_load_chunk(x2, first + i * step, n_dim, false);
+    }
+}
+
 // Loads this lane's chunks of a row and returns its partial sums. Every load is issued before
 // the first value is used: one round trip to memory per row, however many chunks.
 template <int CHUNKS, typename T>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_load_row_pair(
     CekRowPair<CHUNKS, T>& rp, const T* __restrict__ x1, const T* __restrict__ x2, int n_dim,
     bool vec, int lane, int lanes) {
-#pragma unroll
-    for (int i = 0; i < CHUNKS; ++i) {
-        rp.a[i] = cek_load_chunk(x1, lane + i * lanes, n_dim, vec);
-        rp.b[i] = cek_load_chunk(x2, lane + i * lanes, n_dim, vec);
-    }
+    cek_load_pairs(rp.a, rp.b, x1, x2, lane, lanes, n_dim, vec);
     CekSums<CekAcc<T>> s = {0, 0, 0};
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i) cek_accumulate(s, rp.a[i], rp.b[i]);
@@ -300,11 +321,7 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_stream_row_sums(const T* __res
     int chunk = threadIdx.x;
     for (; chunk + (U - 1) * stride < n_chunks; chunk += U * stride) {
         CekChunk<T> a[U], b[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            a[u] = cek_load_chunk(x1, chunk + u * stride, n_dim, vec);
-            b[u] = cek_load_chunk(x2, chunk + u * stride, n_dim, vec);
-        }
+        cek_load_pairs(a, b, x1, x2, chunk, stride, n_dim, vec);
 #pragma unroll
         for (int u = 0; u < U; ++u) cek_accumulate<SCALED>(s, a[u], b[u], s1, s2);
     }
@@ -418,6 +435,7 @@ __device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS,
                                                         int n_dim, bool vec, int lane, int lanes,
                                                         CekGradient<CekAcc<T>> g) {
     if (cek_rescaled(g)) {
+        CEK_RARE_PATH();  // a huge row
 #pragma unroll 1
         for (int i = 0; i < CHUNKS; ++i) {
             const int chunk = lane + i * lanes;
@@ -440,11 +458,21 @@ __device__ __forceinline__ void cek_stream_row_gradients_pass(const T* __restric
                                                               T* __restrict__ dx2, int n_dim,
                                                               bool vec, CekGradient<CekAcc<T>> g) {
     // Backwards from this thread's last chunk: the end of the row, read last by the sums, is
-    // the part most likely still in L2.
+    // the part most likely still in L2. Two chunk pairs in flight a trip: four, as in the sums,
+    // spill the 16-bit conversions on sm_80 (at 1024 threads a thread has 64 registers).
+    constexpr int U = CEK_STREAM_UNROLL / 2;
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     const int first = threadIdx.x, stride = blockDim.x;
-    const int last = first < n_chunks ? first + (n_chunks - 1 - first) / stride * stride : -1;
-    for (int chunk = last; chunk >= first; chunk -= stride)
+    int chunk = first < n_chunks ? first + (n_chunks - 1 - first) / stride * stride : -1;
+    for (; chunk - (U - 1) * stride >= first; chunk -= U * stride) {
+        CekChunk<T> a[U], b[U];
+        cek_load_pairs(a, b, x1, x2, chunk, -stride, n_dim, vec);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            cek_store_chunk_gradients<SCALED>(dx1, dx2, chunk - u * stride, n_dim, vec, g, a[u],
+                                              b[u]);
+    }
+    for (; chunk >= first; chunk -= stride)
         cek_store_chunk_gradients<SCALED>(dx1, dx2, chunk, n_dim, vec, g,
                                           cek_load_chunk(x1, chunk, n_dim, vec),
                                           cek_load_chunk(x2, chunk, n_dim, vec));
@@ -456,10 +484,12 @@ __device__ __forceinline__ void cek_stream_row_gradients(const T* __restrict__ x
                                                          T* __restrict__ dx1, T* __restrict__ dx2,
                                                          int n_dim, bool vec,
                                                          CekGradient<CekAcc<T>> g) {
-    if (cek_rescaled(g))
+    if (cek_rescaled(g)) {
+        CEK_RARE_PATH();  // a huge row
         cek_stream_row_gradients_pass<true>(x1, x2, dx1, dx2, n_dim, vec, g);
-    else
-        cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
+        return;
+    }
+    cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
 }
 
 // Loss of one row: 1 - c for y == 1, max(0, c - margin) for y == -1, 0 for any other label.
@@ -494,6 +524,7 @@ __device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_row_cosine(
         s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
     s = cek_block_sum(s);
     if (cek_sums_ordinary(s)) return cek_cosine(s);
+    CEK_RARE_PATH();  // a huge row
     const CekAcc<T> s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
     if constexpr (STREAMED)
         s = cek_stream_row_sums<true>(x1, x2, n_dim, vec, s1, s2);
@@ -560,6 +591,7 @@ __device__ __forceinline__ void cek_group_row_cosine(CekGroupRow<BLOCK_SIZE, T>&
         r.k = cek_cosine(s);
         return;
     }
+    CEK_RARE_PATH();  // a huge row in the warp
     const Acc s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
     r.k = cek_scaled_cosine(cek_group_sum<GROUP>(cek_row_pair_scaled_sums(r.rp, s1, s2)), s1, s2);
 }

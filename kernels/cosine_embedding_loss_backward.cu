@@ -30,7 +30,8 @@
 // keep_dy keeps no row. cek.torch's training step runs the fused kernel in the forward (the
 // gradients for the upstream gradient its scale stands for) and this one in the backward with
 // keep_dy = that scale: an upstream gradient of exactly 1 then costs O(N) bytes more, not a
-// second pass over the rows. A row it recomputes costs what the backward kernel's row does.
+// second pass over the rows. A row it recomputes costs what the backward kernel's row does, and
+// one more memory round trip: dy is read first, then y and the row.
 #include "cek_row.cuh"
 
 // One row per block. KEEP: a row whose dy equals keep_dy returns before reading anything more
@@ -52,13 +53,10 @@ __device__ __forceinline__ void cek_backward_row(const CekAcc<T>* __restrict__ d
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
 
-    // y and dy in flight with the row (one load round), except where a thread holds four chunk
-    // pairs of doubles: no registers are left to carry them through the reduction (ptxas spills).
-    constexpr bool EARLY = !(sizeof(T) == 8 && CekTiling<BLOCK_SIZE, T>::CHUNKS >= 4);
-    CekAcc<T> label = EARLY ? y[row] : 0, g = EARLY ? dy[row] : 0;
+    // y and dy in flight with the row: one load round (two for KEEP, which reads dy first).
+    const CekAcc<T> label = y[row], g = dy[row];
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
     const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    if (!EARLY) label = y[row], g = dy[row];
     const CekAcc<T> coeff = cek_row_coeff(k.c, label, margin, g);
     cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
                                            dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
@@ -78,8 +76,9 @@ __device__ __forceinline__ void cek_backward_rows(const CekAcc<T>* __restrict__ 
     if constexpr (Tiling::GROUPED) {
         const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
         auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
-        if constexpr (KEEP) r.live = r.live && !(dy[r.row] == keep_dy);
-        const CekAcc<T> label = r.live ? y[r.row] : 0, g = r.live ? dy[r.row] : 0;
+        const CekAcc<T> g = r.live ? dy[r.row] : 0;
+        if constexpr (KEEP) r.live = r.live && !(g == keep_dy);
+        const CekAcc<T> label = r.live ? y[r.row] : 0;
         cek_group_row_cosine(r, x1, x2, n_dim, vec);
         if (!r.live) return;  // after the last shuffle
         const CekAcc<T> coeff = cek_row_coeff(r.k.c, label, margin, g);

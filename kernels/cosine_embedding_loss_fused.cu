@@ -71,15 +71,11 @@ __device__ void cosine_embedding_loss_fused(const T* __restrict__ x1, const T* _
         const int row = blockIdx.x;
         if (row >= n_rows) return;  // uniform over the block
         const long long offset = static_cast<long long>(row) * n_dim;
-        // Here the upstream gradient is formed at once (on this path that does not delay the
-        // row's loads): carrying dy and scale apart through the reduction costs a register,
-        // which spills where a thread holds four chunk pairs of doubles.
-        const CekAcc<T> label = y[row], g_row = dy == nullptr ? scale : scale * dy[row];
+        const auto l = cek_fused_labels(y, dy, row);
         CekRowPair<Tiling::CHUNKS, T> rp;
         const auto k =
             cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-        if (threadIdx.x == 0) loss[row] = cek_row_loss(k.c, label, margin);
-        const auto g = cek_gradient(k, cek_row_coeff(k.c, label, margin, g_row));
+        const auto g = cek_fused_row(k, l, scale, loss, row, threadIdx.x, margin);
         cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
                                                dx2 + offset, n_dim, vec, g);
     }

@@ -6,6 +6,7 @@ table of pinned facts (KERNEL_FACTS) that kernel work is expected to move.
 """
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -80,10 +81,21 @@ def test_waves_and_last_wave():
 
 
 def test_little_law_target():
-    # H200: 400 cycles / 1.755 GHz = 227.9 ns; x 4.8 TB/s = 1,094,017 bytes over 132 SMs = 8288.0
-    assert report.little_bytes_per_sm(report.GPUS["h200"]) == 8289
+    # H200: 400 cycles / 1.98 GHz = 202.0 ns; x 4.8 TB/s = 969,697 bytes over 132 SMs = 7346.2
+    assert report.little_bytes_per_sm(report.GPUS["h200"]) == 7347
+    # H100 SXM: the same 202.0 ns x 3.35 TB/s = 676,768 bytes over 132 SMs = 5127.0
+    assert report.little_bytes_per_sm(report.GPUS["h100"]) == 5128
     # A100: 400 / 1.41 GHz = 283.7 ns; x 2.0 TB/s = 567,376 bytes over 108 SMs = 5253.5
     assert report.little_bytes_per_sm(report.GPUS["a100"]) == 5254
+
+
+def test_bytes_in_flight_count_a_rows_labels_once():
+    # 40 bytes a thread before its first wait, 8 of them y[row] and dy[row]: 10 blocks of 192
+    # threads, one row each, have 10 x (32 x 192 + 8) in flight; row groups of 8 lanes, 32 rows
+    # a 256-thread block, 8 blocks: 8 x (32 x 256 + 8 x 32).
+    facts = {"first_round_bytes": 40, "first_round_narrow_bytes": 8}
+    assert report.bytes_in_flight(facts, 192, 1, 10) == 10 * (32 * 192 + 8)
+    assert report.bytes_in_flight(facts, 256, 32, 8) == 8 * (32 * 256 + 8 * 32)
 
 
 # -- SASS counters ----------------------------------------------------------------------------
@@ -101,6 +113,7 @@ def _facts(stem: str) -> sass.SassFacts:
     ("scalar_load", {32: 1}, {32: 1}, 1, 0, 0),        # LDG.E, 32 bits
     ("warp_sum", {32: 1}, {32: 1}, 1, 5, 0),           # 16, 8, 4, 2, 1
     ("two_barriers", {32: 1}, {32: 1}, 1, 0, 2),
+    ("rare_branch", {32: 1}, {32: 1}, 1, 0, 0),        # the reload behind the PMTRIG left out
 ])
 def test_sass_counters_on_known_kernels(stem, loads, stores, rounds, shuffles, barriers):
     f = _facts(stem)
@@ -109,16 +122,29 @@ def test_sass_counters_on_known_kernels(stem, loads, stores, rounds, shuffles, b
     assert f.load_bytes == sum(bits // 8 * n for bits, n in loads.items())
 
 
-# A hand-written listing in nvdisasm's form: a 128-bit load, a misaligned fallback of four
-# scalar loads off one base, then y[row] and dy[row] (two narrow loads at offset 0 of two bases)
-# issued after the first use: the fallback must not count, y and dy must (round 2).
+@needs_nvdisasm
+def test_shuffles_are_not_integer_alu():
+    # warp_sum's integer instructions are its three address computations: i = blockIdx.x *
+    # blockDim.x + threadIdx.x (an IMAD) and x + i, out + i (two IMAD.WIDE); its five SHFL.BFLY
+    # go to the shuffle count only (a prefix match on "SHF" took them for shifts: 8).
+    f = _facts("warp_sum")
+    assert (f.int_alu, f.shuffles) == (3, 5)
+    assert [sass.is_int_alu(op) for op in ("SHFL.BFLY", "SHF.L.U32", "IADD3", "LOP3.LUT",
+                                           "IMAD.WIDE", "FADD.FTZ", "USHF.R.U32.HI")] == [
+        False, True, True, True, True, False, False]
+
+
+# A hand-written listing in nvdisasm's form: a 128-bit load; a rare block (a PMTRIG, which
+# CEK_RARE_PATH() compiles to) of scalar loads, reached by a conditional branch and falling
+# through to the join; then y[row] and dy[row] issued after the first use of x. The rare block
+# and the trap loop after EXIT (reached from nowhere) must not count, y and dy must (round 2).
 LISTING = """
         /*0000*/                   LDG.E.128.CONSTANT R4, desc[UR4][R4.64] ;
-        /*0010*/                   BRA `(.L_x_1) ;
+        /*0010*/              @!P0 BRA `(.L_x_2) ;
+        /*0020*/                   BRA `(.L_x_1) ;
 .L_x_2:
-        /*0020*/              @!P1 LDG.E R6, desc[UR4][R10.64+0x8] ;
-        /*0030*/              @!P0 LDG.E R5, desc[UR4][R10.64+0x4] ;
-        /*0040*/              @!P3 LDG.E R7, desc[UR4][R10.64+0xc] ;
+        /*0030*/                   PMTRIG 0x1 ;
+        /*0040*/              @!P1 LDG.E R6, desc[UR4][R10.64+0x8] ;
         /*0050*/                   LDG.E R4, desc[UR4][R10.64] ;
 .L_x_1:
         /*0060*/                   FMUL R12, R4, R5 ;
@@ -127,47 +153,51 @@ LISTING = """
         /*0090*/                   FADD R12, R14, R16 ;
         /*00a0*/                   NOP ;
         /*00b0*/                   EXIT ;
+.L_x_3:
+        /*00c0*/                   BRA `(.L_x_3);
 """
 
 
-def test_fallback_left_out_and_late_loads_counted():
+def test_rare_block_left_out_and_late_loads_counted():
     f = sass.facts(LISTING)
     assert f.loads == {128: 1, 32: 2}
     assert f.load_rounds == 2
-    assert f.first_round_bytes == 16
-    assert f.instructions == 7  # NOP and the four fallback loads left out
+    assert (f.first_round_bytes, f.first_round_narrow_bytes) == (16, 0)
+    assert f.instructions == 8  # the rare block, the NOP and the trap loop left out
 
 
-def test_fallback_left_out_in_sm_80_syntax():
+def test_listing_in_sm_80_syntax():
     # sm_80's listing writes the address as [R10.64+0x8], without sm_90's desc[UR4] prefix
     assert sass.facts(LISTING.replace("desc[UR4]", "")) == sass.facts(LISTING)
 
 
-# A fallback store split by an early EXIT: its last element (offset 0xe, same base) sits in a
-# block of its own and is left out too; a later y[row] at offset 0 off that same register (ptxas
-# reuses it) still counts, after the wait on x.
-SPLIT_LISTING = """
+# The walk follows control flow: a branch on a condition operand (BRA !P1) falls through too;
+# a rare block's predicated EXIT falls through into a block that only the rare one reaches, left
+# out with it; a predicated PMTRIG (ptxas may predicate a short rare branch into ordinary code)
+# marks nothing: its block runs on the ordinary path.
+FLOW_LISTING = """
         /*0000*/                   LDG.E.128.CONSTANT R4, desc[UR4][R4.64] ;
-        /*0010*/                   STG.E.128 desc[UR4][R20.64], R4 ;
-        /*0020*/                   BRA `(.L_x_9) ;
-.L_x_10:
+        /*0010*/              @!P0 BRA !P1, `(.L_x_5) ;
+        /*0020*/                   PMTRIG 0x1 ;
         /*0030*/                   STG.E.U16 desc[UR4][R8.64], R15 ;
-        /*0040*/              @!P6 STG.E.U16 desc[UR4][R8.64+0x2], R7 ;
-.L_x_47:
-        /*0050*/               @P2 EXIT ;
-        /*0060*/                   STG.E.U16 desc[UR4][R8.64+0xe], R22 ;
-.L_x_9:
-        /*0070*/                   IMAD.WIDE R8, R3, 0x4, R8 ;
-        /*0080*/                   LDG.E.CONSTANT R14, desc[UR4][R8.64] ;
-        /*0090*/                   EXIT ;
+        /*0040*/               @P2 EXIT ;
+        /*0050*/                   STG.E.U16 desc[UR4][R8.64+0xe], R22 ;
+        /*0060*/                   EXIT ;
+.L_x_5:
+        /*0070*/                   STG.E.128 desc[UR4][R20.64], R4 ;
+        /*0080*/               @P3 PMTRIG 0x1 ;
+        /*0090*/                   LDG.E.CONSTANT R14, desc[UR4][R8.64] ;
+        /*00a0*/                   EXIT ;
 """
 
 
-def test_fallback_split_by_exit_left_out_but_y_at_same_base_counted():
-    f = sass.facts(SPLIT_LISTING)
-    assert f.stores == {128: 1}
-    assert f.loads == {128: 1, 32: 1}
-    assert f.load_rounds == 2  # the STG read R4..R7: a wait before y's load
+def test_walk_follows_branches_and_leaves_out_what_only_rare_code_reaches():
+    blocks = sass.parse(FLOW_LISTING)
+    assert [b.rare for b in blocks] == [False, True, False, False]
+    assert sass.ordinary_path(blocks) == [blocks[0], blocks[3]]
+    f = sass.facts(FLOW_LISTING)
+    assert (f.stores, f.loads, f.instructions) == ({128: 1}, {128: 1, 32: 1}, 6)
+    assert f.load_rounds == 2  # the STG reads R4..R7: a wait before y's load
 
 
 # -- static_row and the CLI ------------------------------------------------------------------
@@ -178,11 +208,12 @@ def test_static_row_is_one_json_row_with_every_fact():
     row = report.static_row(kernel, 65536, 768, arch="sm_90", gpu="h200")
     assert json.loads(json.dumps(row)) == row
     assert row["grid"] == [65536, 1, 1] and row["block"] == [192, 1, 1]
-    assert row["sass"]["loads"]["128"] == 2  # x1 and x2, one 16-byte chunk each per thread
-    # first-round bytes x resident threads: (two 16-byte chunks + y[row] + dy[row], all issued
-    # before the first use) x (blocks/SM x 192)
+    assert row["sass"]["loads"] == {"32": 2, "128": 2}  # y, dy; x1, x2: a 16-byte chunk each
+    # two 16-byte chunks + y[row] + dy[row], all issued before the first use (one round)
     assert row["sass"]["first_round_bytes"] == 2 * 16 + 4 + 4
-    assert row["bytes_in_flight_per_sm"] == 40 * row["blocks_per_sm"] * 192
+    assert row["sass"]["first_round_narrow_bytes"] == 4 + 4
+    assert row["rows_per_block"] == 1
+    assert row["bytes_in_flight_per_sm"] == row["blocks_per_sm"] * (32 * 192 + 8)
 
 
 @pytest.mark.parametrize("kwargs, word", [({"arch": "sm_70"}, "arch"), ({"gpu": "v100"}, "gpu"),
@@ -230,24 +261,61 @@ def test_cli_report_rejects_bad_n_rows():
 
 
 # -- the current kernels: ONE table of pinned facts -------------------------------------------
-# (kernel, dtype, n_dim) -> (registers, occupancy %, dependent load rounds, instructions/thread)
-# on sm_90, SASS facts of the ordinary aligned row's path. Kernel work that changes a fact updates
-# its entry here. Before the one-round rewrite a hand reading of the SASS and this table agreed:
-# y[row] and dy[row] after the first use of x (2-4 rounds), bf16 fused ~470 instructions against
-# f32's ~243 at D = 768, fused f32 at D = 8192 42 registers (50%).
+# (kernel, dtype, n_dim) -> the report's columns below for 65536 rows on sm_90 / H200, read from
+# the cubin that launches, on its ordinary aligned path (cek.sass.ordinary_path). Kernel work that
+# changes a fact updates its entry here, from the report's output. Checked by hand against the
+# SASS when pinned: the narrow loads are y[row] and dy[row] (2x32; the forward kernels read y
+# only, double reads them as 64-bit), every chunk of x1 and x2 is one LDG.E.128 issued with them
+# (rounds 1), and the block reduction's 30 shuffles are two warp sums of 3 values in 5 steps
+# each (60 in double, two a value; a row group of 32 lanes does one: 15). backward-keep reads dy first, to know whether to read
+# the row at all: 2 rounds, with only dy in flight in the first. The streamed fused kernel
+# (2^20) is 4 loop bodies in a row: the sums' 4 pairs a trip and remainder, the gradient pass's
+# 2 pairs and remainder.
+FACT_COLUMNS = ("regs", "occ%", "limit", "waves", "ldg", "stg", "shfl", "bar", "rounds", "instr",
+                "int", "inflight/SM")
 KERNEL_FACTS = {
-    ("fused", "f32", 768): (32, 94, 1, 203),
-    ("fused", "f32", 8192): (40, 50, 1, 259),
-    ("fused", "bf16", 768): (40, 75, 1, 258),
-    ("fused", "bf16", 8192): (40, 50, 1, 258),
-    ("forward", "f32", 768): (29, 94, 1, 151),
-    ("forward", "f32", 8192): (32, 100, 1, 178),
-    ("forward", "bf16", 768): (32, 98, 1, 179),
-    ("forward", "bf16", 8192): (32, 100, 1, 179),
-    ("backward", "f32", 768): (32, 94, 1, 179),
-    ("backward", "f32", 8192): (48, 50, 1, 227),
-    ("backward", "bf16", 768): (40, 75, 1, 233),
-    ("backward", "bf16", 8192): (48, 50, 1, 233),
+    ("fused", "f32", 768): (32, "94", "registers+warps", "49.65", "2x128 2x32", "2x128 1x32", 30,
+                            1, 1, 250, 53, "60K"),
+    ("fused", "f32", 8192): (48, "50", "registers", "496.48", "4x128 2x32", "4x128 1x32", 30, 1,
+                             1, 293, 52, "64K"),
+    ("fused", "bf16", 768): (40, "75", "registers", "31.03", "2x128 2x32", "2x128 1x32", 30, 1, 1,
+                             296, 65, "48K"),
+    ("fused", "bf16", 8192): (40, "50", "registers", "496.48", "2x128 2x32", "2x128 1x32", 30, 1,
+                              1, 296, 64, "32K"),
+    ("fused", "f64", 768): (44, "56", "registers", "165.49", "2x128 2x64", "2x128 1x64", 60, 1, 1,
+                            366, 102, "36K"),
+    ("fused", "f16", 768): (40, "75", "registers", "31.03", "2x128 2x32", "2x128 1x32", 30, 1, 1,
+                            296, 46, "48K"),
+    ("fused", "f32", 128): (31, "100", "registers+warps", "7.76", "2x128 2x32", "2x128 1x32", 15,
+                            0, 1, 216, 57, "64K"),
+    ("fused", "f32", 1 << 20): (62, "50", "registers", "496.48", "16x128 2x32", "6x128 1x32", 30,
+                                1, 4, 604, 179, "128K"),
+    ("forward", "f32", 768): (29, "94", "registers+warps", "49.65", "2x128 1x32", "1x32", 30, 1,
+                              1, 165, 26, "60K"),
+    ("forward", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 1x32", "1x32", 30,
+                               1, 1, 190, 33, "128K"),
+    ("forward", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 1x32", "1x32", 30, 1,
+                               1, 193, 42, "63K"),
+    ("forward", "bf16", 8192): (32, "100", "registers+warps", "248.24", "2x128 1x32", "1x32", 30,
+                                1, 1, 193, 42, "64K"),
+    ("forward-rows", "f32", 128): (26, "100", "registers+warps", "7.76", "2x128 1x32", "1x32", 15,
+                                   0, 1, 127, 29, "64K"),
+    ("backward", "f32", 768): (32, "94", "registers+warps", "49.65", "2x128 2x32", "2x128", 30, 1,
+                               1, 235, 45, "60K"),
+    ("backward", "f32", 8192): (40, "50", "registers", "496.48", "4x128 2x32", "4x128", 30, 1, 1,
+                                275, 42, "64K"),
+    ("backward", "bf16", 768): (40, "75", "registers", "31.03", "2x128 2x32", "2x128", 30, 1, 1,
+                                278, 57, "48K"),
+    ("backward", "bf16", 8192): (40, "50", "registers", "496.48", "2x128 2x32", "2x128", 30, 1, 1,
+                                 278, 57, "32K"),
+    ("backward-rows", "f32", 128): (31, "100", "registers+warps", "7.76", "2x128 2x32", "2x128",
+                                    15, 0, 1, 182, 47, "64K"),
+    ("backward-keep", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128",
+                                    15, 0, 2, 186, 50, "256B"),
+    ("backward-keep", "f32", 768): (32, "94", "registers+warps", "49.65", "2x128 2x32", "2x128",
+                                    30, 1, 2, 236, 53, "40B"),
+    ("backward-keep", "bf16", 768): (39, "75", "registers", "31.03", "2x128 2x32", "2x128", 30, 1,
+                                     2, 280, 61, "64B"),
 }
 
 
@@ -256,7 +324,38 @@ KERNEL_FACTS = {
 def test_kernel_facts_pinned(key):
     name, dtype, n_dim = key
     row = report.static_row(kernel_classes()[name].for_n_dim(n_dim, dtype), 65536, n_dim)
-    got = (row["registers"], round(100 * row["occupancy"]), row["sass"]["load_rounds"],
-           row["sass"]["instructions"])
+    shown = report.table_rows([row])[0]
+    got = tuple(shown[column] for column in FACT_COLUMNS)
     assert got == KERNEL_FACTS[key], f"{key}: now {got}; update KERNEL_FACTS if this is intended"
-    assert row["sass"]["local_loads"] == row["sass"]["local_stores"] == 0
+    assert (shown["spill"], shown["lmem"], shown["ldl/stl"]) == (0, 0, "0/0")
+
+
+@needs_nvdisasm
+@pytest.mark.parametrize("name", ["fused", "backward-keep", "forward"])
+def test_rare_code_is_in_the_cubin_and_left_out(name):
+    # The huge-row branch and the misaligned fallback are in the code that launches, behind
+    # PMTRIGs; the walk leaves them out: without that, their reloads of the row would show.
+    kernel = kernel_classes()[name].for_n_dim(768)
+    blocks = sass.parse(sass.disassemble(kernel.compile("sm_90").cubin))
+    ordinary = sass.ordinary_path(blocks)
+    assert sum(b.rare for b in blocks) >= 3  # the two loads' fallbacks and the huge-row branch
+    every_load = sum(i.base == "LDG" for b in blocks for i in b)
+    assert sum(i.base == "LDG" for b in ordinary for i in b) < every_load
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "report.md"
+
+
+@needs_nvdisasm
+def test_documented_example_matches_the_report():
+    """docs/report.md's example (fused, f32, 65536 x 768, sm_90, H200) is the report's row, field
+    by field: rerun the command it names and paste its output when this fails."""
+    text = DOC.read_text()
+    block = text[text.index("```text", text.index("## Example")):]
+    header, documented = block.splitlines()[1:3]
+    cells = lambda line: re.split(r" {2,}", line.strip())  # noqa: E731 - cells hold single spaces
+    row = report.static_row(kernel_classes()["fused"].for_n_dim(768), 65536, 768, arch="sm_90",
+                            gpu="h200")
+    shown = {name: str(value) for name, value in report.table_rows([row])[0].items()}
+    assert cells(header) == list(shown)
+    assert dict(zip(cells(header), cells(documented))) == shown
