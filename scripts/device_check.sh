@@ -13,13 +13,15 @@
 # of seconds; first_s in its rows is that time); then a training step; then the sweeps. Each step has a timeout, and
 # the timeouts add up to the 6-minute budget. `cek bench` writes each row as soon as it is timed,
 # so a step killed by its timeout keeps the rows it timed, and the summary is written whatever
-# the steps did. LIMIT_<step>=SECONDS overrides a step's timeout; CEK_PYTHON the Python to use.
+# the steps did. A step that ignores the timeout's TERM is killed KILL_AFTER_S (5) seconds later.
+# LIMIT_<step>=SECONDS overrides a step's timeout; CEK_PYTHON the Python to use.
 #
 #   bash scripts/device_check.sh            # from the repository root
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 PY=${CEK_PYTHON:-python3}
+KILL_AFTER_S=${KILL_AFTER_S:-5}
 PARTS=$(mktemp -d)
 mkdir -p "$OUT"
 : >"$OUT/steps.log"
@@ -32,9 +34,9 @@ step() {  # step NAME TIMEOUT COMMAND...: COMMAND under its timeout, its outcome
   local override="LIMIT_$1"
   limit=${!override:-$limit}
   shift 2
-  timeout "$limit" "$@"
+  timeout -k "$KILL_AFTER_S" "$limit" "$@"
   rc=$?
-  if [ "$rc" -eq 124 ]; then
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then  # 137: it ignored the TERM and got the KILL
     echo "$name: killed by its ${limit}s timeout after $((SECONDS - start))s" >>"$OUT/steps.log"
   else
     echo "$name: exit $rc after $((SECONDS - start))s" >>"$OUT/steps.log"
@@ -59,12 +61,18 @@ preflight() {  # what the steps need, each missing piece on a line starting MISS
     echo "MISSING nvidia-smi"
   fi
   echo "== C compiler (torch.compile's generated code and Triton's launchers need one)"
-  for cc in cc gcc g++; do
-    "$cc" --version 2>/dev/null | head -1 || echo "MISSING $cc"
+  local cc version
+  for cc in cc gcc g++; do  # no pipe: this runs under bash -c, without the script's pipefail
+    if version=$("$cc" --version 2>/dev/null); then
+      echo "${version%%$'\n'*}"
+    else
+      echo "MISSING C compiler $cc"
+    fi
   done
   $PY - <<'PY'
 import importlib, importlib.metadata, json
-for name in ("cupy", "torch", "triton", "pytest", "hypothesis", "matplotlib", "click", "numpy"):
+for name in ("cupy", "torch", "triton", "pytest", "hypothesis", "matplotlib", "click", "numpy",
+             "cuda.bindings"):
     try:
         module = importlib.import_module(name)
     except Exception as exc:
@@ -72,8 +80,15 @@ for name in ("cupy", "torch", "triton", "pytest", "hypothesis", "matplotlib", "c
         continue
     try:  # CuPy's distribution is named after its CUDA: cupy-cuda12x, cupy-cuda13x
         print(name, importlib.metadata.version(name))
-    except importlib.metadata.PackageNotFoundError:
+    except importlib.metadata.PackageNotFoundError:  # cuda.bindings: distribution cuda-bindings
         print(name, getattr(module, "__version__", "(no version found)"))
+# The static figures beside each row need NVRTC (cuda.bindings, above) and NVIDIA's disassembler.
+try:
+    from cek import sass
+    tool = sass.find_nvdisasm()
+    print(f"nvdisasm {tool}" if tool else f"MISSING {sass.MISSING}")
+except Exception as exc:
+    print(f"MISSING cek.sass: {type(exc).__name__}: {exc}")
 try:  # a tiny NVRTC compile and launch, checked
     import cupy
     add = cupy.RawKernel(r'extern "C" __global__ void add(float* x) { x[threadIdx.x] += 1.0f; }',

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -47,10 +48,56 @@ def _bench_calls() -> list[tuple[str, int, list[str]]]:
 def test_the_step_timeouts_fit_the_budget():
     # Every command that can hang runs in a step: the only `timeout` is the one in step().
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
-        'timeout "$limit" "$@"']
+        'timeout -k "$KILL_AFTER_S" "$limit" "$@"']
     assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
         "preflight", "gpu_tests", "train_step"]
     assert sum(limit for _, _, limit, _ in _steps()) <= BUDGET_S
+
+
+def _function(name: str) -> str:
+    """The text of the script's shell function `name`, to run on its own."""
+    return re.search(rf"^{name}\(\) \{{.*?^\}}$", SCRIPT.read_text(), re.M | re.S)[0]
+
+
+def _path_without_compilers(tmp_path: Path) -> str:
+    """A PATH with the tools the script's functions use, and no cc, gcc, g++ or nvidia-smi."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "head", "cat", "sleep", "timeout", "env", "grep", "tee", "mktemp"):
+        found = shutil.which(tool)
+        if found:
+            (tools / tool).symlink_to(found)
+    return str(tools)
+
+
+def test_preflight_names_each_missing_piece(tmp_path):
+    # Under `bash -c preflight` the script's pipefail does not hold: a check written as
+    # `cc --version | head -1 || echo MISSING` takes head's status and can never say MISSING.
+    done = subprocess.run(["bash", "-c", _function("preflight") + "\npreflight"],
+                          env={"PATH": _path_without_compilers(tmp_path), "PY": sys.executable,
+                               "PYTHONPATH": str(SCRIPT.parents[1])},
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    for cc in ("cc", "gcc", "g++"):
+        assert f"MISSING C compiler {cc}" in lines, done.stdout + done.stderr
+    assert "MISSING nvidia-smi" in lines
+    # the static figures' NVRTC binding and disassembler, present here
+    assert any(line.startswith("cuda.bindings ") for line in lines), done.stdout
+    from cek import sass
+    assert f"nvdisasm {sass.find_nvdisasm()}" in lines
+
+
+def test_a_step_that_ignores_its_timeout_is_killed(tmp_path):
+    # timeout -k: TERM at the limit, KILL KILL_AFTER_S later; steps.log says it was killed.
+    script = "\n".join(["status=0", _function("step"),
+                        "step stubborn 1 bash -c 'trap \"\" TERM; sleep 30'", "exit $status"])
+    start = time.monotonic()
+    done = subprocess.run(["bash", "-c", script], env={
+        "PATH": _path_without_compilers(tmp_path), "OUT": str(tmp_path), "KILL_AFTER_S": "1"},
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and time.monotonic() - start < 20, done.stderr
+    assert (tmp_path / "steps.log").read_text().startswith(
+        "stubborn: killed by its 1s timeout after "), done.stderr
 
 
 def _baselines(args: list[str]) -> str:
