@@ -196,6 +196,34 @@ def test_low_precision_cpu_tensors(dtype):
         _close(a2.grad, torch.from_numpy(dx2), dtype)
 
 
+def test_bfloat16_cpu_rows_are_read_in_place(monkeypatch):
+    """bfloat16 CPU tensors reach the CPU path as their own bits: no float32 copy of x1 or x2
+    (NumPy has no bfloat16; a copy would cost 2x the inputs' bytes in the forward and again in
+    the backward)."""
+    from cek import functional
+    from cek.torch import _ops
+
+    seen = []
+
+    def spy(function):
+        def wrapped(*args, **kwargs):
+            seen.append((function.__name__, args, kwargs))
+            return function(*args, **kwargs)
+        return wrapped
+
+    for name in ("cosine_embedding_loss", "cosine_embedding_loss_backward"):
+        monkeypatch.setattr(_ops.functional, name, spy(getattr(functional, name)))
+    x1, x2, y = _inputs(n=16, d=64, dtype=torch.bfloat16, seed=3)
+    x1.requires_grad_()
+    ct.cosine_embedding_loss(x1, x2, y, 0.1).backward()
+    assert [name for name, _, _ in seen] == ["cosine_embedding_loss",
+                                             "cosine_embedding_loss_backward"]
+    for name, args, kwargs in seen:
+        a, b = args[1:3] if name.endswith("backward") else args[:2]
+        assert kwargs.get("dtype") == "bfloat16", name
+        assert a.ctypes.data == x1.data_ptr() and b.ctypes.data == x2.data_ptr(), name
+
+
 @pytest.mark.parametrize("case", ["zero vector", "large rows", "small rows"])
 def test_float16_cases_where_eager_torch_fails(case):
     # Eager torch on float16 gives NaN, loss 1 and -inf for these rows: it forms sq1*sq2 in half.

@@ -20,6 +20,7 @@ composite torch formula instead, so it can itself be differentiated.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cek import functional
@@ -29,11 +30,27 @@ _HALVES = (torch.float16, torch.bfloat16)
 
 
 def _numpy(tensor):
-    """A NumPy view of a CPU tensor (a float32 copy for bfloat16, which NumPy lacks)."""
+    """A NumPy view of a CPU tensor (a float32 copy of a bfloat16 label or gradient: N values)."""
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
     return tensor.resolve_neg().resolve_conj().numpy()
+
+
+def _rows(tensor):
+    """x1 or x2 for cek.functional, and the keyword that says what they hold: bfloat16 rows go
+    as their uint16 bits (NumPy has no bfloat16), read in place, with no float32 copy."""
+    if tensor.dtype != torch.bfloat16:
+        return _numpy(tensor), {}
+    bits = tensor.detach().resolve_neg().view(torch.int16).numpy().view(np.uint16)
+    return bits, {"dtype": "bfloat16"}
+
+
+def _tensor(array, dtype):
+    """A result of cek.functional as a tensor of `dtype` (bfloat16 results come as bits)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array).to(dtype)
 
 
 def _loss_shape(x1, reduction):
@@ -44,9 +61,9 @@ def loss(x1, x2, target, margin, reduction):
     """The loss op's implementation on CPU and CUDA tensors."""
     if x1.is_cuda:
         return _cuda.forward(x1, x2, target, margin, reduction)
-    loss = functional.cosine_embedding_loss(
-        _numpy(x1), _numpy(x2), _numpy(target), margin, reduction)
-    return torch.from_numpy(loss).to(x1.dtype)
+    (a, how), (b, _) = _rows(x1), _rows(x2)
+    loss = functional.cosine_embedding_loss(a, b, _numpy(target), margin, reduction, **how)
+    return _tensor(np.asarray(loss), x1.dtype)
 
 
 @torch.library.custom_op("cek::cosine_embedding_loss", mutates_args=(),
@@ -65,9 +82,10 @@ def backward(grad, x1, x2, target, margin, reduction):
     """The backward op's implementation on CPU and CUDA tensors."""
     if x1.is_cuda:
         return _cuda.backward(grad, x1, x2, target, margin, reduction)
+    (a, how), (b, _) = _rows(x1), _rows(x2)
     dx1, dx2 = functional.cosine_embedding_loss_backward(
-        _numpy(grad), _numpy(x1), _numpy(x2), _numpy(target), margin, reduction)
-    return torch.from_numpy(dx1).to(x1.dtype), torch.from_numpy(dx2).to(x1.dtype)
+        _numpy(grad), a, b, _numpy(target), margin, reduction, **how)
+    return _tensor(dx1, x1.dtype), _tensor(dx2, x1.dtype)
 
 
 @torch.library.custom_op("cek::cosine_embedding_loss_backward", mutates_args=(),
