@@ -20,10 +20,10 @@ TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat
 
 
 class _Stream:
-    """torch.cuda.current_stream()'s answer: the CUDA stream protocol only."""
+    """torch.cuda.current_stream()'s answer, with only what every torch release has: the
+    `cuda_stream` pointer (torch.cuda.Stream gained `__cuda_stream__` only recently)."""
 
-    def __cuda_stream__(self):
-        return (0, STREAM)
+    cuda_stream = STREAM
 
 
 @pytest.fixture

@@ -68,6 +68,19 @@ def _views(cupy, tensors):
         to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16 else t)) for t in tensors]
 
 
+class _StreamHandle:
+    """torch's stream as the CUDA stream protocol that cupy.cuda.Stream.from_external takes:
+    torch's own Stream has `__cuda_stream__` only in recent releases, `cuda_stream` in all."""
+
+    __slots__ = ("pointer",)
+
+    def __init__(self, stream):
+        self.pointer = stream.cuda_stream
+
+    def __cuda_stream__(self):
+        return 0, self.pointer
+
+
 def _launch(cupy, kernel_class, x1, arrays, n, d, margin, **scalars):
     """Launch the kernel of x1's dtype for width d on x1's device and torch's current stream
     there, taken per call: the current stream may change between calls. `arrays` are the
@@ -79,7 +92,7 @@ def _launch(cupy, kernel_class, x1, arrays, n, d, margin, **scalars):
     sizes = {"n_rows": n, "n_dim": d, "margin": margin, **scalars}
     args = [next(pointers) if name is None else sizes[name] for name in names]
     stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), cupy.cuda.Stream.from_external(stream):
+    with cupy.cuda.Device(device.index), cupy.cuda.Stream.from_external(_StreamHandle(stream)):
         gpu.launch(kernel, *args)
 
 
