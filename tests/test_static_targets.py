@@ -33,6 +33,9 @@ ROUND_CASES = [(n, d, w) for n in ONE_BLOCK_PER_ROW for d in DTYPES for w in (76
     ("fused", "f32", 8192), ("backward", "bf16", 8192), ("forward-rows", "f32", 128),
     ("forward-rows", "bf16", 256), ("fused", "f32", 128), ("fused", "f32", 256),
     ("backward-rows", "f32", 128), ("fused", "bf16", 384),
+    # double: each chunk's loaded registers were once copied before the next chunk's load
+    ("forward", "f64", 8192), ("backward", "f64", 8192), ("fused", "f64", 8192),
+    ("forward-rows", "f64", 128), ("backward-rows", "f64", 128),
 ]
 
 
@@ -94,3 +97,17 @@ def test_streamed_path_keeps_four_chunk_pairs_in_flight(name, dtype):
     ops = [i.opcode for block in code for i in block]
     first_math = next(i for i, op in enumerate(ops) if op.startswith(("FFMA", "FMUL")))
     assert sum(op.startswith("LDG") and ".128" in op for op in ops[:first_math]) >= 2 * 4
+
+
+# ... and its gradient pass, which reads the row again after the block reduction (its last
+# barrier), two chunk pairs: four 128-bit loads before the first gradient store (four pairs
+# spill the 16-bit conversions on sm_80).
+@pytest.mark.parametrize("name", ["backward", "fused"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_streamed_gradient_pass_keeps_two_chunk_pairs_in_flight(name, dtype):
+    kernel = kernel_classes()[name].for_n_dim(1 << 20, dtype)
+    code = sass.ordinary_path(sass.parse(sass.disassemble(kernel.compile("sm_90").cubin)))
+    ops = [i.opcode for block in code for i in block]
+    after = ops[max(i for i, op in enumerate(ops) if op.startswith("BAR")):]
+    first_store = next(i for i, op in enumerate(after) if op.startswith("STG") and ".128" in op)
+    assert sum(op.startswith("LDG") and ".128" in op for op in after[:first_store]) >= 2 * 2
