@@ -1,0 +1,17 @@
+"""gpu tier: rows up to each dtype's largest finite values give the formula's loss and gradients
+on the GPU too: the emulator tier's test (tests/test_cosine_embedding_loss.py), with the kernels
+launched on the device, so scripts/device_check.sh (`pytest -m gpu`) runs it."""
+
+import pytest
+
+from cek import check
+from test_cosine_embedding_loss import _huge_cases, _id
+from test_cosine_embedding_loss import (
+    test_rows_up_to_the_largest_finite_values_give_the_formulas_results as _judge)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("cls, n_dim, dtype", _huge_cases(), ids=_id)
+def test_gpu_rows_up_to_the_largest_finite_values(cls, n_dim, dtype):
+    _judge({"random:1": check.gpu_launcher()}, cls, n_dim, dtype)
