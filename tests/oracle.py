@@ -7,7 +7,7 @@ with `cek check`).
 
 import numpy as np
 
-from cek import reference
+from cek import dtypes, reference
 from cek.check import TOLERANCES as KERNEL_TOLERANCES  # noqa: F401  the kernels' own table
 
 # The NumPy path (cek.functional on NumPy arrays, cek.cpu) against the float64 reference run on
@@ -124,3 +124,18 @@ def reference_on_scaled_copies(x1, x2, y, dy, margin):
     dx1, dx2 = reference.backward(dy, a, b, y, margin)
     m1, m2 = reference.gradient_magnitudes(dy, a, b, y, margin)
     return loss, dx1 * t1, dx2 * t2, m1 * t1, m2 * t2
+
+
+# -- bfloat16 as bits (cek.functional's dtype="bfloat16") --------------------------------
+
+def assert_bf16_close(got, want, kind, size=1.0):
+    """bfloat16 bits `got` against float64 `want`, as the glue's bfloat16 results are judged
+    (oracle.GLUE_TOLERANCES): |got - want| <= rtol*|want| + atol*size, plus bfloat16's
+    subnormal step for a gradient. size: 1 for a loss, the gradient's terms for a gradient."""
+    rtol, atol = GLUE_TOLERANCES["bf16"][kind]
+    got = dtypes.to_float64(got, "bf16")
+    want = np.broadcast_to(np.asarray(want, np.float64), got.shape)
+    floor = dtypes.smallest_step("bf16") if kind == "grad" else 0.0
+    bad = ~(np.abs(got - want) <= rtol * np.abs(want) + atol * np.asarray(size) + floor)
+    assert not bad.any(), (f"{kind}: {int(bad.sum())} of {bad.size} off, first at "
+                           f"{np.argwhere(bad)[0]}: got {got[bad][0]!r}, want {want[bad][0]!r}")

@@ -10,7 +10,8 @@ import pytest
 
 from cek import cpu, dtypes
 from cek import functional as F
-from oracle import GLUE_TOLERANCES, NUMPY_TOLERANCES, expected, expected_and_sizes
+from oracle import (GLUE_TOLERANCES, NUMPY_TOLERANCES, assert_bf16_close, expected,
+                    expected_and_sizes)
 
 DTYPES = [np.float16, np.float32, np.float64]
 BF16_MAX = float(dtypes.widen(np.array(0x7F7F, np.uint16), "bf16"))  # 3.39e38
@@ -34,19 +35,6 @@ def _largest(dtype):
 def _kw(dtype):
     """cek.functional's keyword for `dtype`'s arrays."""
     return {"dtype": "bfloat16"} if dtype == "bf16" else {}
-
-
-def assert_bf16_close(got, want, kind, size=1.0):
-    """bfloat16 bits `got` against float64 `want`, as the glue's bfloat16 results are judged
-    (oracle.GLUE_TOLERANCES): |got - want| <= rtol*|want| + atol*size, plus bfloat16's
-    subnormal step for a gradient. size: 1 for a loss, the gradient's terms for a gradient."""
-    rtol, atol = GLUE_TOLERANCES["bf16"][kind]
-    got = dtypes.to_float64(got, "bf16")
-    want = np.broadcast_to(np.asarray(want, np.float64), got.shape)
-    floor = dtypes.smallest_step("bf16") if kind == "grad" else 0.0
-    bad = ~(np.abs(got - want) <= rtol * np.abs(want) + atol * np.asarray(size) + floor)
-    assert not bad.any(), (f"{kind}: {int(bad.sum())} of {bad.size} off, first at "
-                           f"{np.argwhere(bad)[0]}: got {got[bad][0]!r}, want {want[bad][0]!r}")
 
 
 # -- huge rows ---------------------------------------------------------------------------------

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from cek import dtypes, gpu, reference
 from cek import functional as F
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from oracle import NUMPY_TOLERANCES, expected, expected_and_sizes
-from test_cpu_path import assert_bf16_close
+from oracle import NUMPY_TOLERANCES, assert_bf16_close, expected, expected_and_sizes
 
 TOLERANCES = NUMPY_TOLERANCES  # x1 and x2: {dtype: (rtol, atol)} for "loss" and "grad"
 

@@ -28,6 +28,7 @@ from cek import gpu
 
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402
+from oracle import TORCH_TOLERANCES  # noqa: E402
 
 F = torch.nn.functional
 S = 5
@@ -35,7 +36,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
     gpu.device_count() == 0 or not torch.cuda.is_available(),
     reason="no CUDA device (or a CPU-only torch): gpu tier skipped")])]
 # (rtol, atol) per dtype: float64 against torch's float64; float32 against torch's float32.
-TOLERANCES = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6)}
+TOLERANCES = {getattr(torch, name): tol for name, tol in TORCH_TOLERANCES.items()}
 
 
 def _opinfo_samples(device, dtype, seed):
