@@ -14,7 +14,9 @@
 //   Vectors      float2 float3 float4 int4 with make_*; CUDA alignment (float4 and int4: 16 bytes);
 //                reinterpret_cast vector loads and stores; __ldg of any of them or a scalar.
 //   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
-//                atomicAdd on float and int.
+//                atomicAdd on float, int and unsigned.
+//   Memory       __threadfence() (a sequentially consistent fence: blocks run one after
+//                another, so every store is visible to later blocks anyway).
 // Semantics the emulator checks (each is a KernelError):
 //   - a barrier that completes while a thread of the block has exited (exited threads count as
 //     arrived, as in PTX, and so this is reported rather than hidden);
@@ -162,6 +164,9 @@ __device__ __forceinline__ float __logf(float x) { return logf(x); }
 __device__ __forceinline__ int atomicAdd(int* address, int val) {
     return __atomic_fetch_add(address, val, __ATOMIC_RELAXED);
 }
+__device__ __forceinline__ unsigned atomicAdd(unsigned* address, unsigned val) {
+    return __atomic_fetch_add(address, val, __ATOMIC_RELAXED);
+}
 __device__ __forceinline__ float atomicAdd(float* address, float val) {
     float old, sum;
     __atomic_load(address, &old, __ATOMIC_RELAXED);
@@ -171,3 +176,5 @@ __device__ __forceinline__ float atomicAdd(float* address, float val) {
                                         __ATOMIC_RELAXED));
     return old;
 }
+
+__device__ __forceinline__ void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
