@@ -97,6 +97,20 @@ def test_row_widths(cuda, d, dtype):
         _close(g.double(), w, dtype, kind, s)
 
 
+def test_negated_views_are_read_as_their_values(cuda):
+    """A tensor with torch's negative bit set (torch._neg_view, what conj/neg views give) exports
+    its un-negated storage through DLPack: the kernels must see the values, not the storage."""
+    x1, x2, y = _torch_inputs(N, 40, "f32", seed=8)
+    neg = torch._neg_view(-x1)
+    assert neg.is_neg() and torch.equal(neg, x1)
+    want, _ = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "none", 1.0)
+    _close(_cuda.forward(neg, x2, y, 0.1, "none"), want[0], "f32", "loss")
+    grad = torch._neg_view(-torch.ones(N))
+    dx1, _ = _cuda.backward(grad, neg, x2, y, 0.1, "none")
+    want_dx1 = _cuda.backward(torch.ones(N), x1, x2, y, 0.1, "none")[0]
+    assert torch.equal(dx1, want_dx1)
+
+
 def test_views_labels_and_no_rows(cuda):
     x1, x2, y = _torch_inputs(N, 40, "f32", seed=7)
     for target in (y, y.to(torch.int64), y.to(torch.bfloat16), y.to(torch.float16)):

@@ -63,9 +63,14 @@ def _kernel(kernel_class, block_size, dtype):
 
 def _views(cupy, tensors):
     """Zero-copy CuPy arrays of CUDA tensors (None stays None); bfloat16, which CuPy lacks, as
-    uint16 bits. Exported as capsules, with no stream handshake (the module docstring)."""
-    return [None if t is None else cupy.from_dlpack(
-        to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16 else t)) for t in tensors]
+    uint16 bits. Exported as capsules, with no stream handshake (the module docstring). A
+    negated view (torch's neg bit) is resolved first: DLPack carries the storage, not the bit."""
+    return [None if t is None else cupy.from_dlpack(to_dlpack(_plain(t))) for t in tensors]
+
+
+def _plain(t):
+    t = t.resolve_neg()  # a no-op without the bit
+    return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
 
 
 class _StreamHandle:
