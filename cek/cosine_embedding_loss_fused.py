@@ -1,7 +1,7 @@
 """CosineEmbeddingLossFused: the Kernel for kernels/cosine_embedding_loss_fused.cu."""
 
 from cek.cosine_embedding_loss_backward import MATRIX, ROW
-from cek.kernel import Arg, Kernel, RowGroups
+from cek.kernel import REDUCTION_ARGS, Arg, Kernel, RowGroups
 
 
 class CosineEmbeddingLossFused(RowGroups, Kernel):
@@ -27,6 +27,7 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
         Arg("n_rows", "int"),
         Arg("n_dim", "int"),
         Arg("margin", "A"),
+        *REDUCTION_ARGS,
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:

@@ -9,8 +9,10 @@ CuPy arrays run the GPU kernels of their own dtype (float16, float32 or float64:
 reads half the bytes of a float32 one) on the inputs' device and CuPy's current stream there.
 float16 and float32 accumulate in float32, float64 in float64. The kernels take rows of up to
 2**20 elements (`Kernel.max_block_size`); longer rows are a ValueError on this path.
-mean and sum add the kernel's per-row losses with CuPy's fixed-order reduction, no atomics, so
-the result is the same bits on every run.
+mean and sum are the kernel's own: it adds the row losses in a fixed order (per-block partial
+sums, added in block order by the last block to finish) and writes the result in the inputs'
+dtype, so the result is the same bits on every run, from one launch (and a 4-byte memset of its
+counter).
 
 NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in float64, and
 results come back in the input dtype.
@@ -173,7 +175,10 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
                                          out)
         else:
             rows, dx1, dx2 = _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out)
-        loss = _reduce(xp, rows, problem.reduction) if want_loss else None
+        # On a GPU the kernel reduced the rows itself (gpu_rows); NumPy rows are reduced here.
+        reduced = xp is not np and n > 0
+        loss = None if not want_loss else rows if reduced else _reduce(xp, rows,
+                                                                         problem.reduction)
         shapes = (problem.loss_shape, problem.input_shape, problem.input_shape)
         return tuple(None if value is None else _deliver(xp, value, shape, problem, buffer)
                      for value, shape, buffer in zip((loss, dx1, dx2), shapes, out))
@@ -264,7 +269,7 @@ def _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     )
     dy, scale = _upstream(problem, grad)
     return gpu_rows(a1, a2, y, dy, scale, problem.margin, dtype=dtype, want_loss=want_loss,
-                    want_grads=want_grads, dest=dest)
+                    want_grads=want_grads, dest=dest, reduction=problem.reduction)
 
 
 def labels(cupy, target, acc):
@@ -286,15 +291,16 @@ def _direct(cupy, buffer, shape, dtype, inputs):
 
 
 def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads,
-             dest=(None, None, None)):
+             dest=(None, None, None), reduction="none"):
     """Launch the one kernel that gives what is wanted, on the current device and stream.
 
     x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as
     uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
     r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
     dtype). dest: buffers ([N] accumulation dtype, [N, D], [N, D] of x1's dtype) to write
-    into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None).
-    Shared by cek.torch.
+    into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
+    for reduction "mean" or "sum" the loss is the kernel's reduced one, a 0-d array of x1's
+    dtype (the per-row losses go to dest[0] or a scratch buffer). Shared by cek.torch.
     """
     cupy = gpu.require_cupy()
     n, d = x1.shape
@@ -308,18 +314,34 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
     if not want_grads:
         kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
-        gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
-        return loss, None, None
+        extra, reduced = _reduction_args(cupy, kernel, n, d, x1.dtype, reduction)
+        gpu.launch(kernel, x1, x2, y, loss, n, d, margin, *extra)
+        return loss if reduced is None else reduced, None, None
     if dy is not None:
         per_row = cupy.empty(n, dtype=acc)
         per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
         dy = per_row
     if want_loss:
         kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
-        return loss, dx1, dx2
+        extra, reduced = _reduction_args(cupy, kernel, n, d, x1.dtype, reduction)
+        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin, *extra)
+        return loss if reduced is None else reduced, dx1, dx2
     # The backward kernel has no scale argument: fold it into dy.
     dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
     kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
     gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
     return None, dx1, dx2
+
+
+def _reduction_args(cupy, kernel, n, d, dtype, reduction):
+    """(partials, counter, reduced, reduction_scale) for `kernel`, and the 0-d `reduced` array
+    the kernel writes the mean or sum into (None, with null pointers, for "none"). The counter
+    is zeroed here (a 4-byte memset) rather than cached: kernels on two streams at once must not
+    share one."""
+    if reduction not in ("mean", "sum"):
+        return (None, None, None, 1.0), None
+    blocks = kernel.launch_config(n, d)[0][0]
+    partials = cupy.empty(blocks, dtype=dtypes.get(kernel.dtype).acc)
+    reduced = cupy.empty((), dtype=dtype)
+    scale = 1.0 / n if reduction == "mean" else 1.0
+    return (partials, cupy.zeros((), dtype=cupy.uint32), reduced, scale), reduced

@@ -42,7 +42,18 @@ _GPU0 = types.SimpleNamespace(id=0)
 
 class DeviceArray(np.ndarray):
     """A NumPy array posing as a cupy.ndarray on GPU 0: `.device.id`, `.data.ptr`, and 0-d
-    arrays where NumPy gives scalars (y[i]), as CuPy does."""
+    arrays where NumPy gives scalars (y[i]), as CuPy does. Its mean and sum, each a kernel
+    launch of its own in CuPy, are recorded (method, size) in `reductions` (StandIn's)."""
+
+    reductions: list = []
+
+    def mean(self, *args, **kwargs):
+        DeviceArray.reductions.append(("mean", self.size))
+        return super().mean(*args, **kwargs)
+
+    def sum(self, *args, **kwargs):
+        DeviceArray.reductions.append(("sum", self.size))
+        return super().sum(*args, **kwargs)
 
     def __getitem__(self, index):
         item = super().__getitem__(index)
@@ -102,6 +113,7 @@ class StandIn:
         self.device, self.stream = 0, None
         self.elapsed_reads = self.synchronizations = 0
         self.dlpack_streams: list[int | None] = []
+        self.reductions = DeviceArray.reductions = []  # CuPy mean/sum calls: (method, size)
         self._fake_ms = itertools.cycle(FAKE_MS)
         self.cupy = types.ModuleType("cupy")  # only what cek uses: anything else fails
         c = self.cupy

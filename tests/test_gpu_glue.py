@@ -118,6 +118,33 @@ def test_cupy_path_matches_reference(standin, dtype, reduction):
               [loss, dx1, dx2], [1.0, m1, m2])
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
+@pytest.mark.parametrize("d", [33, 768])
+def test_cupy_mean_and_sum_are_the_kernels_own(standin, d, dtype, reduction):
+    """One launch and nothing else of size N: the kernel's reduced value is the result (no CuPy
+    mean or sum over the rows), in the inputs' dtype, with the counter left at 0."""
+    x1, x2, y = _inputs(N, d, CUPY_DTYPES[dtype], seed=4)
+    c1, c2, cy = (standin.array(a) for a in (x1, x2, y))
+    (loss, dx1, dx2), (m1, m2) = _expected(x1, x2, y, 0.25, reduction, 1.0)
+    for kernel, call in (("forward_rows", F.cosine_embedding_loss),
+                         ("fused", F.cosine_embedding_loss_fused)):
+        standin.launches.clear()
+        results = call(c1, c2, cy, 0.25, reduction)
+        got = results if kernel == "forward_rows" else results[0]
+        (launch,) = standin.launches
+        assert launch.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
+        assert standin.reductions == []
+        assert got.shape == () and got.dtype == x1.dtype
+        assert np.shares_memory(got, launch.args["reduced"])  # the kernel's value, not a copy
+        assert int(launch.args["counter"]) == 0
+        assert launch.args["reduction_scale"] == (1.0 / N if reduction == "mean" else 1.0)
+        _close(got, loss, dtype, "loss")
+        if kernel == "fused":
+            _close(results[1], dx1, dtype, "grad", m1)
+            _close(results[2], dx2, dtype, "grad", m2)
+
+
 @pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
 @pytest.mark.parametrize("d", list(WIDTHS))
 def test_cupy_row_widths(standin, d, dtype):
@@ -252,7 +279,8 @@ def test_gpu_launch_checks_devices_and_passes_no_dy(standin):
     _close(loss, _expected(x1, x2, y, 0.0, "mean", 1.0)[0][0], "f32", "loss")
     # load() refuses arrays on another device than the current one.
     kernel = CosineEmbeddingLossFused.for_n_dim(33)
-    args = (c1, c2, cy, None, 1.0, cy.copy(), c1.copy(), c2.copy(), N, 33, 0.0)
+    args = (c1, c2, cy, None, 1.0, cy.copy(), c1.copy(), c2.copy(), N, 33, 0.0, None, None,
+            None, 1.0)
     with standin.cupy.cuda.Device(1), pytest.raises(TypeError, match="not the current GPU 1"):
         gpu.launch(kernel, *args)
     assert len(standin.launches) == 1

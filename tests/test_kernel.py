@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import cek
-from cek.kernel import RowGroups, kernel_classes, next_power_of_two
+from cek.kernel import REDUCTION_ARGS, RowGroups, kernel_classes, next_power_of_two
 
 ALL = list(kernel_classes().values())
 ROW_GROUPS = [cls for cls in ALL if issubclass(cls, RowGroups)]
@@ -166,7 +166,9 @@ def test_rows_variants_share_their_twins_template_file_and_arguments():
     for rows, twin in ((cek.CosineEmbeddingLossBackwardRows, cek.CosineEmbeddingLossBackward),
                        (cek.CosineEmbeddingLossForwardRows, cek.CosineEmbeddingLossForward)):
         assert rows.twin is twin
-        assert rows.args == twin.args
+        # The forward row groups take the forward's arguments, then the reduced loss's.
+        extra = REDUCTION_ARGS if rows is cek.CosineEmbeddingLossForwardRows else ()
+        assert rows.args == twin.args + extra
         assert rows(64).kernel_source == twin(64).kernel_source
         assert rows(64).id == twin.name + "_rows__f32__64"
         assert rows(64).bytes_moved(10, 64) == twin(64).bytes_moved(10, 64)
@@ -233,11 +235,30 @@ def test_only_optional_pointers_take_none():
     fused = cek.CosineEmbeddingLossFused(8)
     n, d = 3, 5
     z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
+    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0,
+            None, None, None, 1.0]
     assert fused.check_args(args, (np.ndarray,))[3] is None
     args[2] = None
     with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
         fused.check_args(args, (np.ndarray,))
+
+
+def test_the_reduced_loss_takes_partials_counter_and_reduced_together_and_sized():
+    fused = cek.CosineEmbeddingLossFused(8)
+    n, d = 37, 5  # row groups: several rows a block, so partials has fewer entries than rows
+    blocks = fused.launch_config(n, d)[0][0]
+    assert blocks == 1 + (n - 1) // (256 // fused.group)
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    base = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
+    counter, reduced = np.zeros((), np.uint32), np.zeros((), np.float32)
+    fused.check_args(base + [z(blocks), counter, reduced, 1.0 / n], (np.ndarray,))
+    shape = rf"partials must have shape \(grid x of launch_config,\) = \({blocks},\)"
+    with pytest.raises(ValueError, match=shape):
+        fused.check_args(base + [z(blocks + 1), counter, reduced, 1.0], (np.ndarray,))
+    with pytest.raises(ValueError, match="given together .* missing counter"):
+        fused.check_args(base + [z(blocks), None, reduced, 1.0], (np.ndarray,))
+    with pytest.raises(TypeError, match="counter must be uint32"):
+        fused.check_args(base + [z(blocks), z(), reduced, 1.0], (np.ndarray,))
 
 
 

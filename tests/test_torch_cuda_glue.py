@@ -266,3 +266,30 @@ def test_compiled_step_on_cuda_tensors(cuda):
     _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
     for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
         _close(got.detach(), ref, "f32", "grad", size)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("d", [33, 768])
+def test_mean_and_sum_are_the_kernels_own(cuda, monkeypatch, d, dtype, reduction):
+    """The eager forwards take the kernel's reduced value: one launch, and the loss is the very
+    tensor the kernel wrote (no torch mean or sum over the rows, no cast after it)."""
+    reductions = []
+    for name in ("mean", "sum"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: (
+            reductions.append((_n, self.numel())), _o(self, *a, **k))[1])
+    x1, x2, y = _torch_inputs(N, d, dtype, seed=12)
+    f1, f2, fy = x1.double().numpy(), x2.double().numpy(), y.double().numpy()
+    want_loss = _expected(f1, f2, fy, 0.1, reduction, 1.0)[0][0]
+    for kernel, op in (("forward_rows", _cuda.forward),
+                       ("fused", lambda *a: _cuda.fused_forward(*a)[0])):
+        cuda.launches.clear()
+        loss = op(x1, x2, y, 0.1, reduction)
+        (launch,) = cuda.launches
+        assert launch.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
+        assert reductions == []
+        assert loss.dtype == x1.dtype and loss.shape == ()
+        assert np.shares_memory(launch.args["reduced"], _bits(loss))
+        assert int(launch.args["counter"]) == 0
+        _close(loss.double(), want_loss, dtype, "loss")

@@ -54,7 +54,12 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         if not spec.is_pointer or spec.name not in counts:
             continue
         t = counts[spec.name]
-        if spec.output:
+        if spec.name == "partials":  # one per block: written by it, read by the last block
+            assert (t.written, t.writes, t.read, t.reads) == (t.size, (1, 1), t.size, (1, 1)), t
+        elif spec.name == "counter":  # an atomic add per block (counted as a store), the reset
+            blocks = kernel.launch_config(n_rows, n_dim)[0][0]
+            assert (t.written, t.writes) == (t.size, (blocks + 1, blocks + 1)), t
+        elif spec.output or spec.name == "reduced":
             assert (t.written, t.writes, t.read) == (t.size, (1, 1), 0), (spec.name, t)
         elif spec.name in matrices:
             assert (t.read, t.reads, t.written) == (t.size, (passes, passes), 0), (spec.name, t)
@@ -65,6 +70,8 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         else:
             moved += t.read + t.written
     want = kernel.bytes_moved(n_rows, n_dim)
+    if "partials" in counts:  # the reduced loss (the .cu's header)
+        want += kernel.reduction_bytes(n_rows, n_dim)
     if kernel.kind == "fused" and "dy" in counts:
         want += counts["dy"].size  # bytes_moved is the mean/sum case; the .cu adds A*N with dy
     assert moved == want, f"{kernel.id}: moves {moved} bytes, bytes_moved says {want}"
@@ -89,8 +96,27 @@ def test_traffic_is_what_the_header_and_bytes_moved_say(cls, dtype, width, dy):
     if str(width).endswith("+1"):
         inputs["x1"], inputs["x2"] = misaligned(inputs["x1"]), misaligned(inputs["x2"])
     counts = run(kernel, inputs)
-    pointers = {a.name for a in kernel.args if a.is_pointer}
+    pointers = {a.name for a in kernel.args if a.is_pointer} - set(check.REDUCTION_NAMES)
     assert set(counts) == (pointers - {"dy"} if dy == "no_dy" else pointers)
+    assert_traffic(kernel, counts, N_ROWS, n_dim)
+
+
+def _reduction_cases():
+    for name, cls in kernel_classes().items():
+        if "partials" in {a.name for a in cls.args}:
+            for dtype in DTYPES:
+                for width in (33, 256, 769, 16392):
+                    yield pytest.param(cls, dtype, width, id=f"{name}-{dtype}-{width}")
+
+
+@pytest.mark.parametrize("cls, dtype, n_dim", list(_reduction_cases()))
+def test_traffic_of_the_reduced_loss_is_what_the_header_says(cls, dtype, n_dim):
+    """The reduced loss adds its partials (written once, read once), the counter's one word and
+    the reduced value to the traffic above, and no other byte (reduction_bytes)."""
+    kernel = cls.for_n_dim(n_dim, dtype)
+    inputs = dict(check.make_inputs(N_ROWS, n_dim, dtype=dtype), reduction="mean", dy=None)
+    counts = run(kernel, inputs)
+    assert {"partials", "counter", "reduced"} <= set(counts)
     assert_traffic(kernel, counts, N_ROWS, n_dim)
 
 

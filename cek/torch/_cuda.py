@@ -106,20 +106,43 @@ def forward(x1, x2, target, margin, reduction):
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     rows = torch.empty(n, dtype=y.dtype, device=x1.device)
+    reduction_args = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, n, d, reduction)
     if n > 0:
         cupy = gpu.require_cupy()
-        _launch(cupy, CosineEmbeddingLossForwardRows, x1, _views(cupy, (a1, a2, y, rows)), n, d,
-                margin)
-    return _reduced(rows, x1, reduction)
+        _launch(cupy, CosineEmbeddingLossForwardRows, x1,
+                _views(cupy, (a1, a2, y, rows)) + _reduction_views(cupy, reduction_args), n, d,
+                margin, reduction_scale=fused_scale(n, reduction))
+    return _reduced(rows, x1, reduction, reduction_args)
 
 
-def _reduced(rows, x1, reduction):
-    # torch's own reductions are fixed-order on CUDA: deterministic, and mean([]) is NaN.
+def _reduction_buffers(kernel_class, x1, n, d, reduction):
+    """(partials, counter, reduced) for the kernel's own mean or sum (kernels/cek_row.cuh,
+    cek_reduce_loss), allocated by torch on its current stream; None for "none" and for N = 0.
+    The counter is zeroed here (a 4-byte fill), int32 for torch, uint32 to the kernel."""
+    if reduction == "none" or n == 0:
+        return None
+    kernel, _ = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
+    blocks = kernel.launch_config(n, d)[0][0]
+    return (torch.empty(blocks, dtype=_accumulation(x1.dtype), device=x1.device),
+            torch.zeros((), dtype=torch.int32, device=x1.device),
+            torch.empty((), dtype=x1.dtype, device=x1.device))
+
+
+def _reduction_views(cupy, buffers):
+    if buffers is None:
+        return [None, None, None]
+    partials, counter, reduced = _views(cupy, buffers)
+    return [partials, counter.view(cupy.uint32), reduced]
+
+
+def _reduced(rows, x1, reduction, buffers):
+    """The loss: the rows for "none"; else the kernel's reduced value (deterministic, in x1's
+    dtype), or torch's for N = 0 (mean([]) is NaN)."""
     if reduction == "none":
-        loss = rows if x1.dim() == 2 else rows.view(())
-    else:
-        loss = rows.mean() if reduction == "mean" else rows.sum()
-    return _to(loss, x1.dtype)
+        return _to(rows if x1.dim() == 2 else rows.view(()), x1.dtype)
+    if buffers is not None:
+        return buffers[2]
+    return _to(rows.mean() if reduction == "mean" else rows.sum(), x1.dtype)
 
 
 def fused_scale(n, reduction):
@@ -138,13 +161,16 @@ def fused_forward(x1, x2, target, margin, reduction):
     rows = torch.empty(n, dtype=y.dtype, device=x1.device)
     dx1, dx2 = (torch.empty((n, d), dtype=x1.dtype, device=x1.device) for _ in range(2))
     views = None
+    reduction_args = _reduction_buffers(CosineEmbeddingLossFused, x1, n, d, reduction)
     if n > 0:
         cupy = gpu.require_cupy()
         v1, v2, vy, v_rows, v_dx1, v_dx2 = _views(cupy, (a1, a2, y, rows, dx1, dx2))
-        _launch(cupy, CosineEmbeddingLossFused, x1, (v1, v2, vy, None, v_rows, v_dx1, v_dx2),
-                n, d, margin, scale=fused_scale(n, reduction))
+        scale = fused_scale(n, reduction)
+        _launch(cupy, CosineEmbeddingLossFused, x1,
+                [v1, v2, vy, None, v_rows, v_dx1, v_dx2] + _reduction_views(cupy, reduction_args),
+                n, d, margin, scale=scale, reduction_scale=scale)
         views = (v1, v2, vy, v_dx1, v_dx2)
-    return _reduced(rows, x1, reduction), (dx1, dx2, views)
+    return _reduced(rows, x1, reduction, reduction_args), (dx1, dx2, views)
 
 
 def _per_row(grad, n, dtype):
