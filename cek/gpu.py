@@ -69,6 +69,9 @@ def get_function(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS):
     """The compiled `cupy.RawKernel` of `kernel` on the current device, memoized."""
     cupy = require_cupy()
     key = (kernel.cache_key(), tuple(options), cupy.cuda.Device().id)
+    function = _functions.get(key)  # a dict lookup is atomic: the lock only guards the build
+    if function is not None:
+        return function
     with _lock:
         function = _functions.get(key)
         if function is None:
@@ -118,9 +121,18 @@ def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream
              stream=stream)
 
 
-def launch(kernel: Kernel, *args, stream=None) -> None:
+def launch(kernel: Kernel, *args, stream=None, checked: tuple | None = None) -> None:
     """Check `args` (once), take the kernel's own launch configuration, and launch on `stream`
-    (default: CuPy's current stream)."""
+    (default: CuPy's current stream; any object with CuPy's `ptr` of a stream will do).
+
+    `checked`: the (grid, block, shared_mem) of an earlier launch of `kernel` that passed these
+    checks with arguments of the same types, dtypes, shapes, layout and devices, which the
+    caller keeps track of (cek.torch does, per signature). `args` then go to the kernel as
+    they are: scalars already cast, device pointers as ints (0 for none)."""
+    if checked is not None:
+        grid, block, shared_mem = checked
+        get_function(kernel)(grid, block, args, shared_mem=shared_mem, stream=stream)
+        return
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
     grid, block, shared_mem = _launch_config(kernel, *kernel.problem_size(cast))

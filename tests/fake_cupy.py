@@ -4,7 +4,8 @@ CPU emulator (the real kernel source) in place of the compiled kernels.
 Only what cek's GPU glue and `cek bench` use is there, so anything else they start to use fails
 loudly. `install(monkeypatch)` puts it in place of the `cupy` module. Launches still go through
 cek.gpu.launch and cek.gpu.load with their checks; only cek.gpu.get_function, which compiles
-with NVRTC, is replaced.
+with NVRTC, is replaced. Its functions take what a RawKernel takes, device pointers given as
+addresses (ints) included: the emulator then reads and writes the memory there.
 
 Two of CuPy's ways are kept because cek's glue must respect them. Its runtime calls are
 compiled code that torch.compile cannot trace: here too (a builtin), so such a call on a traced
@@ -20,8 +21,9 @@ events report FAKE_MS, not a measurement.
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import itertools
+import math
 import sys
 import types
 from dataclasses import dataclass
@@ -101,7 +103,7 @@ class Launch:
     kernel_id: str
     args: dict  # by the kernel's argument names
     device: int | None  # the current cupy.cuda.Device at the launch
-    stream: int | None  # the external stream pointer current at it, or None
+    stream: int | None  # the pointer of the stream it was given, or None (CuPy's current)
 
 
 class StandIn:
@@ -110,7 +112,7 @@ class StandIn:
 
     def __init__(self):
         self.launches: list[Launch] = []
-        self.device, self.stream = 0, None
+        self.device = 0
         self.elapsed_reads = self.synchronizations = 0
         self.dlpack_streams: list[int | None] = []
         self.reductions = DeviceArray.reductions = []  # CuPy mean/sum calls: (method, size)
@@ -133,7 +135,6 @@ class StandIn:
         c.random = types.SimpleNamespace(default_rng=_Generator)
         c.cuda = types.SimpleNamespace(
             Device=self._device_class(),
-            Stream=types.SimpleNamespace(from_external=self._from_external),
             Event=lambda: types.SimpleNamespace(record=lambda stream=None: None),
             get_elapsed_time=self._elapsed_time,
             get_current_stream=lambda: types.SimpleNamespace(synchronize=self._synchronize),
@@ -162,28 +163,14 @@ class StandIn:
 
         return Device
 
-    @contextlib.contextmanager
-    def _enter_stream(self, pointer, device_id=-1):
-        outer, self.stream = self.stream, pointer
-        try:
-            yield
-        finally:
-            self.stream = outer
-
-    def _from_external(self, stream):
-        """cupy.cuda.Stream.from_external: any object of the CUDA stream protocol, whose
-        __cuda_stream__() gives (version, pointer); used as a context, as cek uses it."""
-        version, pointer = stream.__cuda_stream__()
-        return self._enter_stream(pointer)
-
     def _from_dlpack(self, array):
         """cupy.from_dlpack, on CPU tensors (NumPy's import shares their memory, as CuPy's does
         a GPU tensor's). A capsule is imported as it is: no stream handshake, recorded as None.
-        An object of the protocol is asked for its capsule on CuPy's current stream, or the
-        legacy default stream when none is entered, as CuPy asks (that stream is recorded; a
-        CPU tensor refuses any, so it is then asked without one)."""
+        An object of the protocol is asked for its capsule on CuPy's current stream, as CuPy
+        asks: here always the legacy default stream, as none can be entered (that stream is
+        recorded; a CPU tensor refuses any, so it is then asked without one)."""
         if hasattr(array, "__dlpack_device__"):
-            self.dlpack_streams.append(self.stream or LEGACY_DEFAULT_STREAM)
+            self.dlpack_streams.append(LEGACY_DEFAULT_STREAM)  # no stream is ever entered
             return np.from_dlpack(array).view(DeviceArray)
         self.dlpack_streams.append(None)
         import torch  # only torch makes the capsules here; NumPy would import them read-only
@@ -207,11 +194,11 @@ class StandIn:
             # (cupy#9046), so a null pointer must come as np.uint64(0); the emulator takes None.
             if any(value is None for value in args):
                 raise TypeError("a RawKernel argument is None: CuPy would pass a NULL address")
-            args = tuple(None if spec.is_pointer and isinstance(value, np.uint64) and value == 0
-                         else value for spec, value in zip(kernel.args, args))
+            args = _arrays_at_pointers(kernel, args)
             function(grid, block, args, shared_mem=shared_mem)
             named = {spec.name: value for spec, value in zip(kernel.args, args)}
-            self.launches.append(Launch(kernel.id, named, self.device, stream or self.stream))
+            pointer = None if stream is None else stream.ptr  # what CuPy reads of it
+            self.launches.append(Launch(kernel.id, named, self.device, pointer))
 
         return launch
 
@@ -220,6 +207,29 @@ class StandIn:
 
     def array(self, a):
         return np.array(a).view(DeviceArray)
+
+
+def _arrays_at_pointers(kernel, args) -> tuple:
+    """A RawKernel's arguments as the emulator takes them: a pointer given as an address (an
+    int, as cek.torch passes a tensor's data_ptr once its launch signature has been checked)
+    becomes the array at that address, of the argument's dtype and the shape its int arguments
+    give, sharing the memory; the address 0 becomes None (nullptr)."""
+    sizes = {spec.name: int(value) for spec, value in zip(kernel.args, args)
+             if spec.ctype == "int"}
+    cast = []
+    for spec, value in zip(kernel.args, args):
+        if spec.is_pointer and isinstance(value, (int, np.integer)):
+            if value == 0:
+                value = None
+            else:
+                shape = ((kernel.launch_config(sizes["n_rows"], sizes["n_dim"])[0][0],)
+                         if spec.per_block else tuple(sizes[name] for name in spec.shape))
+                dtype = kernel.arg_dtype(spec)
+                count = math.prod(shape)
+                memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(value))
+                value = np.frombuffer(memory, dtype, count).reshape(shape).view(DeviceArray)
+        cast.append(value)
+    return tuple(cast)
 
 
 def install(monkeypatch) -> StandIn:

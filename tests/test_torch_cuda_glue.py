@@ -28,7 +28,11 @@ class _Stream:
 
 @pytest.fixture
 def cuda(standin, monkeypatch):  # noqa: F811
+    """The stand-in, torch's current stream, and no launch signature checked yet: each test's
+    first launch of a signature goes through every check (and DLPack), the later ones pass
+    pointers."""
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(_cuda, "_plans", {})
     return standin
 
 
@@ -131,12 +135,13 @@ def test_views_labels_and_no_rows(cuda):
     assert cuda.launches == []
 
 
-def _assert_exports_on_torchs_stream(cuda):
+def _assert_exports_on_torchs_stream(cuda, exported=True):
     """Every DLPack export the kernels read was asked for on torch's current stream, or with no
     stream at all (a capsule). CuPy asks a tensor for the legacy default stream unless a stream
     is entered, and torch then makes that stream wait on its current one: a cross-stream sync
-    per tensor, and a failed capture under torch.cuda.graph."""
-    assert cuda.dlpack_streams, "no tensor reached the kernels through DLPack"
+    per tensor, and a failed capture under torch.cuda.graph. `exported`: whether a launch of
+    a signature not seen before ran (only those export; the others pass pointers)."""
+    assert bool(cuda.dlpack_streams) == exported, cuda.dlpack_streams
     assert set(cuda.dlpack_streams) <= {None, STREAM}, cuda.dlpack_streams
     cuda.dlpack_streams.clear()
 
@@ -176,7 +181,8 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
         want.backward()
         kernels = EAGER_STEP_KERNELS if route == "eager" else STEP_KERNELS
         assert [i.split("__")[0] for i in cuda.ids()] == kernels + STEP_KERNELS[1:]
-        _assert_exports_on_torchs_stream(cuda)
+        # "sum" launches the signatures "mean" did: pointers only
+        _assert_exports_on_torchs_stream(cuda, exported=reduction != "sum")
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
         for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
             _close(got.detach(), ref, "f32", "grad", size)
@@ -293,3 +299,33 @@ def test_mean_and_sum_are_the_kernels_own(cuda, monkeypatch, d, dtype, reduction
         assert np.shares_memory(launch.args["reduced"], _bits(loss))
         assert int(launch.args["counter"]) == 0
         _close(loss.double(), want_loss, dtype, "loss")
+
+
+def test_a_signature_is_checked_in_full_once(cuda):
+    """The first launch of a signature (kernel, each tensor's dtype, shape and device) hands the
+    kernel DLPack views and runs every check of cek.gpu.launch; the next launch of it passes
+    the tensors' pointers, which reach the same memory, with the float scalars of that call.
+    A tensor of another dtype or shape (the op called directly) is a new signature, checked in
+    full: a clear error before any launch, the output buffer not written."""
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=13)
+    first = _cuda.forward(x1, x2, y, 0.1, "none")
+    assert cuda.dlpack_streams, "the first launch of a signature exports its tensors"
+    cuda.dlpack_streams.clear()
+    for margin in (0.1, -0.5):  # the same signature: pointers, with this call's margin
+        got = _cuda.forward(x1, x2, y, margin, "none")
+        assert cuda.dlpack_streams == []
+        want, _ = _expected(x1.numpy(), x2.numpy(), y.numpy(), margin, "none", 1.0)
+        _close(got, want[0], "f32", "loss")
+    assert torch.equal(first, _cuda.forward(x1, x2, y, 0.1, "none"))
+    launch = cuda.launches[-1]
+    assert np.shares_memory(launch.args["x1"], x1.numpy()) and launch.stream == STREAM
+    cuda.launches.clear()
+    with pytest.raises(TypeError, match="x2 must be float32, got float64"):
+        _cuda.forward(x1, x2.double(), y, 0.1, "none")
+    with pytest.raises(ValueError, match=r"x2 must have shape \(n_rows, n_dim\) = \(7, 33\)"):
+        _cuda.forward(x1, x2[:3], y, 0.1, "none")
+    dx = torch.full((N, 33), 7.0)
+    with pytest.raises(ValueError, match=r"x1 must have shape \(n_rows, n_dim\) = \(7, 33\)"):
+        _cuda.keep_backward(torch.ones(N), x1, 0.1, "none",
+                            (dx, dx.clone(), _cuda._rows(x1[:3], x2[:3], y[:3])))
+    assert cuda.launches == [] and (dx == 7.0).all()

@@ -1,16 +1,22 @@
 """The CUDA implementations of cek's custom ops: torch allocates every buffer on its current
-stream, the kernel reads and writes them through DLPack on that stream, and nothing is read back
-to the host (so the ops can run under CUDA-graph capture and sync debug mode "error").
+stream, the kernel reads and writes them on that stream, and nothing is read back to the host
+(so the ops can run under CUDA-graph capture and sync debug mode "error").
 
 Labels and the per-row upstream gradient are prepared with torch operations, not CuPy ones: CuPy
 would allocate from its own pool, which a torch CUDA graph does not own.
 
-Tensors reach CuPy as DLPack capsules (torch.utils.dlpack.to_dlpack), not through
-`cupy.from_dlpack(tensor)`: that asks torch's `__dlpack__` to order the export on CuPy's current
-stream, and torch then records an event on its own current stream and makes the other wait on
-it whenever the two differ (CuPy asks for the legacy default stream unless one is entered).
-Under `torch.cuda.graph` capture that wait reaches outside the capture and fails it; elsewhere it
-is an event and a cross-stream wait per tensor. A capsule has no stream handshake: the kernel
+The first launch of a signature (kernel, and each tensor's dtype, shape and device) hands the
+kernel CuPy views of the tensors and goes through every check of `cek.gpu.launch`; a later
+launch of the same signature can differ only in its pointers and float scalars, so it passes
+the tensors' device pointers as they are (`_Plan`). A small training step is bound by host
+time, and a view and a check cost more there than the kernel's launch.
+
+Those views are DLPack capsules (torch.utils.dlpack.to_dlpack), not `cupy.from_dlpack(tensor)`:
+that asks torch's `__dlpack__` to order the export on CuPy's current stream, and torch then
+records an event on its own current stream and makes the other wait on it whenever the two
+differ (CuPy asks for the legacy default stream unless one is entered). Under `torch.cuda.graph`
+capture that wait reaches outside the capture and fails it; elsewhere it is an event and a
+cross-stream wait per tensor. A capsule, like a pointer, has no stream handshake: the kernel
 runs on torch's current stream, the stream that produced the tensors, so none is needed.
 """
 
@@ -37,10 +43,12 @@ def _accumulation(dtype):
 
 
 def _rows(x1, x2, target):
-    """(x1, x2) as contiguous [N, D], labels as contiguous [N] in the accumulation dtype. float64
-    labels are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no label) into
-    1. No copy and no new tensor where the caller's already are so (the common step)."""
-    a1, a2, y = x1.contiguous(), x2.contiguous(), target
+    """(x1, x2) as contiguous [N, D], labels as contiguous [N] in the accumulation dtype, none
+    with torch's negative bit (a pointer, like DLPack, carries the storage, not the bit).
+    float64 labels are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no
+    label) into 1. No copy and no new tensor where the caller's already are so (the common
+    step)."""
+    a1, a2, y = _stored(x1).contiguous(), _stored(x2).contiguous(), _stored(target)
     if a1.dim() == 1:
         a1, a2, y = a1.view(1, -1), a2.view(1, -1), y.reshape(1)
     if y.dtype == torch.float64:
@@ -48,91 +56,150 @@ def _rows(x1, x2, target):
     return a1, a2, _to(y, _accumulation(x1.dtype)).contiguous()
 
 
+def _stored(tensor):
+    return tensor.resolve_neg()  # the tensor itself without the bit
+
+
+def _like(tensor):
+    """A new contiguous tensor of `tensor`'s shape, dtype and device (its fastest allocation)."""
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+
+
 def _to(tensor, dtype):
     return tensor if tensor.dtype == dtype else tensor.to(dtype)  # skips a dispatch
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(kernel_class, block_size, dtype):
-    """(kernel, its argument names with None for each pointer): one instance per kernel (at most
-    21 block sizes x 4 dtypes a class), so its checks and memoized source are found, not built,
-    on every launch."""
-    kernel = kernel_class(block_size, _KERNEL_DTYPES[dtype])
+@functools.lru_cache(maxsize=1024)
+def _kernel(kernel_class, n_dim, dtype):
+    """(kernel for rows of n_dim, its argument names with None for each pointer): one instance
+    per class, block size and dtype, so its memoized source and checks are found, not built."""
+    kernel = _instance(kernel_class, next_power_of_two(n_dim), dtype)
     return kernel, tuple(None if a.is_pointer else a.name for a in kernel.args)
 
 
-def _views(cupy, tensors):
-    """Zero-copy CuPy arrays of CUDA tensors (None stays None); bfloat16, which CuPy lacks, as
-    uint16 bits. Exported as capsules, with no stream handshake (the module docstring). A
-    negated view (torch's neg bit) is resolved first: DLPack carries the storage, not the bit."""
-    return [None if t is None else cupy.from_dlpack(to_dlpack(_plain(t))) for t in tensors]
+@functools.lru_cache(maxsize=None)
+def _instance(kernel_class, block_size, dtype):  # at most 21 block sizes x 4 dtypes a class
+    return kernel_class(block_size, _KERNEL_DTYPES[dtype])
 
 
-def _plain(t):
-    t = t.resolve_neg()  # a no-op without the bit
-    return t.view(torch.uint16) if t.dtype == torch.bfloat16 else t
+@functools.lru_cache(maxsize=1024)
+def _blocks(kernel_class, dtype, n, d):
+    """The grid's x of the kernel's launch for N x D: the length of its per-block partials."""
+    return _kernel(kernel_class, d, dtype)[0].launch_config(n, d)[0][0]
 
 
 class _StreamHandle:
-    """torch's stream as the CUDA stream protocol that cupy.cuda.Stream.from_external takes:
-    torch's own Stream has `__cuda_stream__` only in recent releases, `cuda_stream` in all."""
+    """torch's stream as a CuPy launch takes one: all it reads is `ptr` (`cuda_stream` is
+    torch's name for it in every release). Handed to the launch rather than entered as CuPy's
+    current stream, which would build a CuPy stream object per launch."""
 
-    __slots__ = ("pointer",)
+    __slots__ = ("ptr",)
 
     def __init__(self, stream):
-        self.pointer = stream.cuda_stream
-
-    def __cuda_stream__(self):
-        return 0, self.pointer
+        self.ptr = stream.cuda_stream
 
 
-def _launch(cupy, kernel_class, x1, arrays, n, d, margin, **scalars):
+class _Plan:
+    """A launch of one signature that passed every check, as the arguments of the next ones:
+    the ints and the launch configuration fixed, pointers and float scalars filled per call.
+    Pointers go as Python ints, which CuPy passes as 8 bytes (int64), 0 for an absent one."""
+
+    __slots__ = ("kernel", "config", "args", "pointers", "floats")
+
+    def __init__(self, kernel, n, d):
+        self.kernel, self.config = kernel, kernel.launch_config(n, d)
+        sizes = {"n_rows": n, "n_dim": d}
+        self.args = [kernel.arg_dtype(a).type(sizes[a.name]) if a.ctype == "int" else None
+                     for a in kernel.args]
+        self.pointers = tuple(i for i, a in enumerate(kernel.args) if a.is_pointer)
+        self.floats = tuple((i, a.name, kernel.arg_dtype(a).type) for i, a in
+                            enumerate(kernel.args) if not a.is_pointer and a.ctype != "int")
+
+    def arguments(self, tensors, scalars):
+        args = self.args.copy()
+        for i, t in zip(self.pointers, tensors):
+            args[i] = 0 if t is None else t.data_ptr()
+        for i, name, c_type in self.floats:
+            args[i] = c_type(scalars[name])
+        return args
+
+
+_plans: dict[tuple, _Plan] = {}
+_MAX_PLANS = 1024  # a loop launches a few signatures; a bound for one whose shapes keep changing
+
+
+def _signature(kernel_class, dtype, n, d, tensors):
+    """What a launch's checks depend on besides the values of its scalars. Every tensor here
+    is contiguous (made so, or allocated so, in this module)."""
+    return (kernel_class, dtype, n, d,
+            *[None if t is None else (t.dtype, t.shape, t.get_device()) for t in tensors])
+
+
+def _launch(kernel_class, x1, tensors, n, d, **scalars):
     """Launch the kernel of x1's dtype for width d on x1's device and torch's current stream
-    there, taken per call: the current stream may change between calls. `arrays` are the
-    kernel's pointer arguments in order (CuPy arrays, None for an absent optional one);
-    `scalars` its float arguments other than margin, by name."""
-    kernel, names = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
+    there, taken per call: the current stream may change between calls. `tensors` are the
+    kernel's pointer arguments in order (None for an absent optional one); `scalars` its float
+    arguments, by name."""
+    cupy = gpu.require_cupy()
     device = x1.device
-    pointers = iter(arrays)
-    sizes = {"n_rows": n, "n_dim": d, "margin": margin, **scalars}
-    args = [next(pointers) if name is None else sizes[name] for name in names]
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), cupy.cuda.Stream.from_external(_StreamHandle(stream)):
-        gpu.launch(kernel, *args)
+    stream = _StreamHandle(torch.cuda.current_stream(device))
+    key = _signature(kernel_class, x1.dtype, n, d, tensors)
+    plan = _plans.get(key)
+    with cupy.cuda.Device(device.index):
+        if plan is not None:
+            gpu.launch(plan.kernel, *plan.arguments(tensors, scalars), stream=stream,
+                       checked=plan.config)
+            return
+        kernel, names = _kernel(kernel_class, d, x1.dtype)
+        views = iter(_views(cupy, kernel, tensors))
+        sizes = {"n_rows": n, "n_dim": d, **scalars}
+        gpu.launch(kernel, *[next(views) if name is None else sizes[name] for name in names],
+                   stream=stream)
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    _plans[key] = _Plan(kernel, n, d)
+
+
+def _views(cupy, kernel, tensors):
+    """Zero-copy CuPy arrays of CUDA tensors (None stays None), as the kernel's arguments
+    want them: bfloat16, which CuPy lacks, as uint16 bits, the int32 counter as uint32.
+    Exported as capsules, with no stream handshake (the module docstring)."""
+    pointer_args = [a for a in kernel.args if a.is_pointer]
+    views = []
+    for arg, t in zip(pointer_args, tensors):
+        if t is not None:
+            t = cupy.from_dlpack(to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16
+                                           else t))
+            if arg.ctype == "unsigned*":
+                t = t.view(cupy.uint32)
+        views.append(t)
+    return views
 
 
 def forward(x1, x2, target, margin, reduction):
     """The loss (torch's shape for `reduction`, the inputs' dtype) from the forward kernel."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows = torch.empty(n, dtype=y.dtype, device=x1.device)
-    reduction_args = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, n, d, reduction)
+    rows = _like(y)
+    buffers = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, rows, n, d, reduction)
     if n > 0:
-        cupy = gpu.require_cupy()
-        _launch(cupy, CosineEmbeddingLossForwardRows, x1,
-                _views(cupy, (a1, a2, y, rows)) + _reduction_views(cupy, reduction_args), n, d,
-                margin, reduction_scale=fused_scale(n, reduction))
-    return _reduced(rows, x1, reduction, reduction_args)
+        _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows, *buffers), n, d,
+                margin=margin, reduction_scale=fused_scale(n, reduction))
+    return _reduced(rows, x1, reduction, buffers)
 
 
-def _reduction_buffers(kernel_class, x1, n, d, reduction):
+_NO_REDUCTION = (None, None, None)
+
+
+def _reduction_buffers(kernel_class, x1, rows, n, d, reduction):
     """(partials, counter, reduced) for the kernel's own mean or sum (kernels/cek_row.cuh,
-    cek_reduce_loss), allocated by torch on its current stream; None for "none" and for N = 0.
-    The counter is zeroed here (a 4-byte fill), int32 for torch, uint32 to the kernel."""
+    cek_reduce_loss), allocated by torch on its current stream (partials like `rows`, reduced
+    like x1); None each for "none" and for N = 0. The counter is zeroed here (a 4-byte fill),
+    int32 for torch, uint32 to the kernel."""
     if reduction == "none" or n == 0:
-        return None
-    kernel, _ = _kernel(kernel_class, next_power_of_two(d), x1.dtype)
-    blocks = kernel.launch_config(n, d)[0][0]
-    return (torch.empty(blocks, dtype=_accumulation(x1.dtype), device=x1.device),
-            torch.zeros((), dtype=torch.int32, device=x1.device),
-            torch.empty((), dtype=x1.dtype, device=x1.device))
-
-
-def _reduction_views(cupy, buffers):
-    if buffers is None:
-        return [None, None, None]
-    partials, counter, reduced = _views(cupy, buffers)
-    return [partials, counter.view(cupy.uint32), reduced]
+        return _NO_REDUCTION
+    partials = rows.new_empty(_blocks(kernel_class, x1.dtype, n, d))
+    return partials, rows.new_zeros((), dtype=torch.int32), x1.new_empty(())
 
 
 def _reduced(rows, x1, reduction, buffers):
@@ -140,7 +207,7 @@ def _reduced(rows, x1, reduction, buffers):
     dtype), or torch's for N = 0 (mean([]) is NaN)."""
     if reduction == "none":
         return _to(rows if x1.dim() == 2 else rows.view(()), x1.dtype)
-    if buffers is not None:
+    if buffers[2] is not None:
         return buffers[2]
     return _to(rows.mean() if reduction == "mean" else rows.sum(), x1.dtype)
 
@@ -154,23 +221,18 @@ def fused_forward(x1, x2, target, margin, reduction):
     """(loss, kept) from the fused kernel, which reads x1 and x2 once: the loss, and the
     gradients for an upstream gradient of 1 (each row's: fused_scale), which keep_backward
     turns into the gradients for the upstream gradient the backward is given. `kept` is what
-    keep_backward needs: (dx1, dx2, the CuPy views of x1, x2, labels, dx1 and dx2 or None for
-    N = 0), so the backward exports one tensor, dy, not six."""
+    keep_backward needs: (dx1, dx2, the kernel's x1, x2 and labels, or None for N = 0), held
+    so that the backward reads the very tensors the forward did."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows = torch.empty(n, dtype=y.dtype, device=x1.device)
-    dx1, dx2 = (torch.empty((n, d), dtype=x1.dtype, device=x1.device) for _ in range(2))
-    views = None
-    reduction_args = _reduction_buffers(CosineEmbeddingLossFused, x1, n, d, reduction)
-    if n > 0:
-        cupy = gpu.require_cupy()
-        v1, v2, vy, v_rows, v_dx1, v_dx2 = _views(cupy, (a1, a2, y, rows, dx1, dx2))
-        scale = fused_scale(n, reduction)
-        _launch(cupy, CosineEmbeddingLossFused, x1,
-                [v1, v2, vy, None, v_rows, v_dx1, v_dx2] + _reduction_views(cupy, reduction_args),
-                n, d, margin, scale=scale, reduction_scale=scale)
-        views = (v1, v2, vy, v_dx1, v_dx2)
-    return _reduced(rows, x1, reduction, reduction_args), (dx1, dx2, views)
+    rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
+    buffers = _reduction_buffers(CosineEmbeddingLossFused, x1, rows, n, d, reduction)
+    if n == 0:
+        return _reduced(rows, x1, reduction, buffers), (dx1, dx2, None)
+    scale = fused_scale(n, reduction)
+    _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2, *buffers), n, d,
+            margin=margin, scale=scale, reduction_scale=scale)
+    return _reduced(rows, x1, reduction, buffers), (dx1, dx2, (a1, a2, y))
 
 
 def _per_row(grad, n, dtype):
@@ -185,18 +247,15 @@ def keep_backward(grad, x1, margin, reduction, kept):
     device: rows whose upstream gradient is the one the fused kernel used are kept as they are
     (the kernel reads only their dy), the others are recomputed from x1 and x2. No value is
     read back to the host."""
-    dx1, dx2, views = kept
-    if views is not None:
+    dx1, dx2, rows = kept
+    if rows is not None:
         n, d = dx1.shape
         scale = fused_scale(n, reduction)
-        v1, v2, vy, v_dx1, v_dx2 = views
         # grad * scale in the accumulation dtype: exactly the fused kernel's scale where grad is
-        # 1; the product of the expanded grad is a new contiguous [N] tensor.
+        # 1; the product of the expanded grad is a new contiguous [N] tensor, with no neg bit.
         dy = _per_row(grad, n, _accumulation(x1.dtype)) * scale
-        cupy = gpu.require_cupy()
-        (v_dy,) = _views(cupy, (dy,))
-        _launch(cupy, CosineEmbeddingLossBackwardKeep, x1, (v_dy, v1, v2, vy, v_dx1, v_dx2), n,
-                d, margin, keep_dy=scale)
+        _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, *rows, dx1, dx2), n, d,
+                margin=margin, keep_dy=scale)
     return _shaped(dx1, x1), _shaped(dx2, x1)
 
 
@@ -209,11 +268,10 @@ def backward(grad, x1, x2, target, margin, reduction):
     x2 once and writes dx1 and dx2 once; `grad` stays on the device."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    dy = _per_row(grad, n, y.dtype)
+    dy = _per_row(_stored(grad), n, y.dtype)
     dy = (dy / n if reduction == "mean" else dy).contiguous()
-    dx1, dx2 = (torch.empty((n, d), dtype=x1.dtype, device=x1.device) for _ in range(2))
+    dx1, dx2 = _like(a1), _like(a1)
     if n > 0:
-        cupy = gpu.require_cupy()
-        _launch(cupy, CosineEmbeddingLossBackwardRows, x1,
-                _views(cupy, (dy, a1, a2, y, dx1, dx2)), n, d, margin)
+        _launch(CosineEmbeddingLossBackwardRows, x1, (dy, a1, a2, y, dx1, dx2), n, d,
+                margin=margin)
     return _shaped(dx1, x1), _shaped(dx2, x1)
