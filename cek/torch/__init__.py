@@ -34,6 +34,8 @@ float32, as torch's own autocast policy does for cosine_embedding_loss.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
@@ -104,7 +106,7 @@ def _apply(input1, input2, target, margin, reduction, device_type):
     if _plain_eager(device_type, input1, input2, target):
         fuse = input1.is_cuda and torch.is_grad_enabled() and (
             input1.requires_grad or input2.requires_grad)
-        return _ops.Eager.apply(input1, input2, target, margin, reduction, fuse)
+        return _ops.eager(input1, input2, target, margin, reduction, fuse)
     return _ops.loss_op(input1, input2, target, margin, reduction)
 
 
@@ -119,16 +121,56 @@ def _plain_eager(device_type, *tensors) -> bool:
             and all(type(t) in _PLAIN for t in tensors))
 
 
-def _transformed(*tensors) -> bool:
+def _transformed(*tensors) -> bool:  # input1, input2, target
     """Inside torch.func transforms or a forward-mode dual level: the ops have no rules there."""
-    if forward_ad._current_level >= 0:
+    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
         return True
-    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # (a dead wrapper too)
+    return wrapped(tensors[0]) or wrapped(tensors[1]) or wrapped(tensors[2])
 
 
 def _check(input1, input2, target, margin, reduction):
     """Every check on tensors, before any work, and torch's promotion and broadcasting:
-    (input1, input2, target, margin as float, reduction)."""
+    (input1, input2, target, margin as float, reduction). What the tensors' checks decide
+    depends only on their dtypes, shapes and devices (and torch's default dtype, for integer
+    inputs): it is worked out in full for the first call of each and found after that (_plan),
+    as a training loop passes the same few step after step. Not under torch.compile, which
+    turns the checks into guards of its own and would guard on the memo too."""
+    if torch.compiler.is_compiling():
+        plan = _plan(input1, input2, target)
+    else:
+        key = (input1.dtype, input2.dtype, target.dtype, input1.shape, input2.shape,
+               target.shape, input1.device, input2.device, target.device, input1.is_cuda,
+               torch.get_default_dtype())
+        plan = _plans.get(key)
+        if plan is None:
+            plan = _plan(input1, input2, target)
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    margin = margin if type(margin) is float and math.isfinite(margin) else \
+        validate.check_margin(margin)
+    reduction = validate.check_reduction(reduction)
+    dtype, shape, rows, expand = plan
+    if input1.dtype != dtype:
+        input1 = input1.to(dtype)
+    if input2.dtype != dtype:
+        input2 = input2.to(dtype)
+    if expand:
+        input1, input2, target = input1.expand(shape), input2.expand(shape), target.expand(rows)
+    if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
+        target = target.to(torch.uint8)
+    return input1, input2, target, margin, reduction
+
+
+_plans: dict[tuple, tuple] = {}
+_MAX_PLANS = 1024  # a loop passes a few signatures; a bound for one whose shapes keep changing
+
+
+def _plan(input1, input2, target):
+    """The checks on the tensors (errors as torch's, or cek's where torch has none), and what
+    they decide: (the dtype both inputs take, their broadcast shape, the target's, whether any
+    of the three is broadcast)."""
     for name, value in (("input1", input1), ("input2", input2)):
         if value.is_complex():
             raise TypeError(f"{name} must have a real or bool dtype, got {value.dtype}")
@@ -158,8 +200,6 @@ def _check(input1, input2, target, margin, reduction):
                          f"do not broadcast: each count must match the size N of the others "
                          f"or be 1")
     rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
-    margin = validate.check_margin(margin)
-    reduction = validate.check_reduction(reduction)
     if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
         validate.check_gpu_problem(rows[0] if rows else 1, shape1[-1],
                                    CosineEmbeddingLossFused.max_block_size)
@@ -168,12 +208,5 @@ def _check(input1, input2, target, margin, reduction):
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
     shape = (*rows, shape1[-1])
-    input1, input2 = (_expanded(t if t.dtype == dtype else t.to(dtype), shape)
-                      for t in (input1, input2))
-    if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
-        target = target.to(torch.uint8)
-    return input1, input2, _expanded(target, rows), margin, reduction
-
-
-def _expanded(tensor, shape):
-    return tensor if tuple(tensor.shape) == tuple(shape) else tensor.expand(shape)
+    expand = shape1 != shape or shape2 != shape or shape_t != rows
+    return dtype, shape, rows, expand
