@@ -17,10 +17,10 @@ spec.loader.exec_module(host_time)
 # On the 2-core CPU development machine, busy with other work, cek's step took 0.57 to 0.61
 # times torch's (ten runs of the script, --repeats 30), since a launch signature and the checks
 # on the tensors are worked out once and later launches pass pointers; 1.32 to 1.38 (three
-# runs) before that, and 1.71 to 2.33 before the launch path was first trimmed. The bound leaves room for a
-# busier machine and fails at the earlier figures. The aim, a quarter of torch's, is
-# not met: an empty autograd.Function's forward and backward alone take about a fifth of
-# torch's step here (scripts/torch_host_time.py --profile shows where the rest goes).
+# runs) before that, and 1.71 to 2.33 before the launch path was first trimmed. The bound
+# leaves room for a busier machine and fails at the earlier figures. The aim, a
+# quarter of torch's, is not met: an empty autograd.Function's forward and backward alone take
+# about a fifth of torch's step here (scripts/torch_host_time.py --profile shows the rest).
 MAX_RATIO = 0.8
 
 
