@@ -8,8 +8,8 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
     """Per-row loss and dx1, dx2 from one read of x1 and x2.
 
     The upstream gradient of row r is `scale * dy[r]`, or `scale` alone when dy is None: mean
-    (scale = 1/n_rows) and sum (scale = 1) need no dy array. Rows of up to 64 chunks (256
-    floats) run in row groups: a warp or less per row, several rows per block.
+    (scale = 1/n_rows) and sum (scale = 1) need no dy array. Rows of up to 64 chunks and 256
+    elements (256 floats or halves, 128 doubles) run in row groups: a warp or less per row, several rows per block.
     """
 
     name = "cosine_embedding_loss_fused"

@@ -24,6 +24,7 @@ from cek.sources import load_kernel_source
 WARP = 32
 MAX_THREADS = 1024
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
+MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
 GROUPED_THREADS = 256
 SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
 MAX_BLOCKS_PER_SM = 32
@@ -266,21 +267,36 @@ class Kernel:
 
     @property
     def min_blocks(self) -> int:
-        """Blocks per SM the entry point asks ptxas to fit, by limiting its registers: enough
-        for all 2048 threads an sm_80 or sm_90 SM holds (32 registers a thread), or for 3/4 of
-        them (40) in the 16-bit gradient kernels, whose conversions spill at 32, and in float
-        row groups holding two chunk pairs a lane (48 registers unbounded); at most the SM's 32
-        blocks. Only where ptxas fits that budget without spilling, as measured on sm_80 and
-        sm_90: a thread holding one chunk pair of float or a 16-bit type (not doubles: two
-        registers a value), or two of float below 1024 threads, and at 1024 threads float only
-        (2 blocks: 32 registers)."""
+        """Blocks per SM the entry point asks ptxas to fit, by limiting its registers: enough for
+        all 2048 threads an sm_80 or sm_90 SM holds (32 registers a thread), or for 3/4 of them
+        (40), at most the SM's 32 blocks; 1 (no limit) where neither fits. What fits without
+        spilling is ptxas's to say: this is the rule it gave on sm_80 and sm_90 for every kernel,
+        dtype and BLOCK_SIZE (tests/test_compile.py holds it to 0 spills), by the chunk pairs a
+        thread holds (chunks_held) and whether the kernel writes gradients:
+          - more than two chunk pairs (float rows of 16384, double rows of 8192), or streamed: 1;
+          - the forward kernels: all threads;
+          - gradient kernels in float: all threads; 3/4 for row groups of two pairs a lane;
+          - in a 16-bit type: all threads for one pair a thread on one block per row (the
+            conversions fit since the huge-row path reads the row again, cek_block_row), 3/4
+            in row groups (one pair a lane: CEK_MAX_GROUPED_SIZE), 1 for two pairs;
+          - in double: 3/4 on one block per row below 1024 threads (there 3/4 is not a whole
+            number of blocks), 1 otherwise."""
         itemsize = dtypes.get(self.dtype).array.itemsize
-        two_float_pairs = self.chunks_held == 2 and itemsize == 4 and self.max_threads < MAX_THREADS
-        if (self.streamed or (self.chunks_held > 1 and not two_float_pairs) or itemsize == 8
-                or (itemsize == 2 and self.max_threads >= MAX_THREADS)):
+        held = self.chunks_held
+        grouped = isinstance(self, RowGroups) and self.grouped
+        if self.streamed or held > 2:
             return 1
-        three_quarters = two_float_pairs or (itemsize == 2 and self.kind != "forward")
-        resident = SM_THREADS * 3 // 4 if three_quarters else SM_THREADS
+        if getattr(self, "kind", None) == "forward":  # a test's probe kernel may have no kind
+            share = 1.0
+        elif itemsize == 8:
+            share = 0.75 if not grouped and self.max_threads < MAX_THREADS else None
+        elif itemsize == 2:
+            share = None if held == 2 else 0.75 if grouped else 1.0
+        else:
+            share = 0.75 if grouped and held == 2 else 1.0
+        if share is None:
+            return 1
+        resident = int(SM_THREADS * share)
         return min(MAX_BLOCKS_PER_SM, max(1, math.ceil(resident / self.max_threads)))
 
     @property
@@ -402,19 +418,19 @@ class Kernel:
 
 class RowGroups:
     """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
-    up to 64 chunks per row, GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread
+    up to 64 chunks and 256 elements per row, GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread
     block holds 256 / GROUP rows. Wider rows keep one block per row."""
 
     launch_contract = (
         "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
-        "(float: BLOCK_SIZE <= 256): 256 threads a block, GROUP = min(32, BLOCK_SIZE/VEC) lanes "
+        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles): 256 threads a block, GROUP = min(32, BLOCK_SIZE/VEC) lanes "
         "per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. Above: grid [n_rows, 1, 1], one "
         "block per row, threads as in the backward and forward kernels"
     )
 
     @property
     def grouped(self) -> bool:
-        return self.row_chunks <= MAX_GROUPED_CHUNKS
+        return self.row_chunks <= MAX_GROUPED_CHUNKS and self.block_size <= MAX_GROUPED_SIZE
 
     @property
     def max_threads(self) -> int:

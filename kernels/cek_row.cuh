@@ -15,7 +15,7 @@
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
-//     <= 64): GROUP = min(32, ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a
+//     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles): GROUP = min(32, ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a
 //     block holds 256 / GROUP rows and the reduction is warp shuffles only. One block per row
 //     would leave a 128-float row a one-warp block: too few warps per SM to keep enough loads
 //     in flight, and a block launched for every 1 KB of input.
@@ -30,6 +30,10 @@
 constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
 constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
+// Row groups take rows of at most 256 elements too: a 16-bit lane holding two chunk pairs needs
+// 56 registers (half the SM's threads), where one block per row of 257..512 halves runs 64
+// threads of one pair at 32 registers (all of them).
+constexpr int CEK_MAX_GROUPED_SIZE = 256;
 constexpr int CEK_MAX_BLOCK_SIZE = 1 << 20;
 constexpr int CEK_GROUPED_THREADS = 256;
 
@@ -42,7 +46,8 @@ struct CekTiling {
     static constexpr int ROW_CHUNKS = BLOCK_SIZE / VEC > 1 ? BLOCK_SIZE / VEC : 1;
     static constexpr int MAX_REGISTER_CHUNKS = sizeof(T) >= 4 ? 4096 : 2048;
     static constexpr bool STREAMED = ROW_CHUNKS > MAX_REGISTER_CHUNKS;
-    static constexpr bool GROUPED = ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS;
+    static constexpr bool GROUPED =
+        ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS && BLOCK_SIZE <= CEK_MAX_GROUPED_SIZE;
     static constexpr int CHUNKS =
         ROW_CHUNKS / CEK_MAX_THREADS > 1 && !STREAMED ? ROW_CHUNKS / CEK_MAX_THREADS : 1;
     static constexpr int GROUP = ROW_CHUNKS > CEK_WARP ? CEK_WARP : ROW_CHUNKS;
@@ -210,12 +215,13 @@ __device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekC
 // Huge rows. A squared norm of float32 overflows from |x| ~ 1e19 on, and long before that the
 // gradient factor coeff*r1*r2 falls below the smallest normal float, which the GPU flushes to 0.
 // A row whose sq1 or sq2 reaches CekLimits::BIG (the square root of the largest finite value) is
-// summed again (from registers; a streamed row is read again) with that side scaled by a power
-// of two: MID where its squared norm was finite (then in [1, BIG)), FAR where it overflowed
-// (then at least 2^-32, and the elements this flushes add less than 2^-74 of it). c is
-// unchanged and EPS is scaled alike (cek_scaled_cosine); the gradient is formed from scaled
-// values read again and scaled back (cek_store_row_gradients); where its factors p or q1
-// underflow even so, so does the exact gradient. Ordinary rows pay one uniform compare; a NaN
+// summed again (row groups from registers; one block per row reads it again element by element,
+// cek_block_huge_cosine) with that side scaled by a power of two: MID where its squared norm was
+// finite (then in [1, BIG)), FAR where it overflowed (then at least 2^-32, and the elements this
+// flushes add less than 2^-74 of it). c is unchanged and EPS is scaled alike
+// (cek_scaled_cosine); the gradient is formed from scaled values read again and scaled back
+// (cek_store_row_gradients, cek_element_gradients); where its factors p or q1 underflow even
+// so, so does the exact gradient. Ordinary rows pay one uniform compare; a NaN
 // or inf in a row takes the same branch and keeps its NaN.
 template <typename Acc>
 struct CekLimits;
@@ -306,15 +312,16 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_row_pair_scaled_sums(
 // The streamed path's partial sums, the values scaled by s1 and s2 where SCALED: the block loops
 // over the row, each thread with four chunk pairs in flight (all four issued, then summed), as
 // one pair a trip would leave it waiting on memory for every 32 bytes.
+// U = 1 is the huge-row path of a register-path kernel (cek_block_row), which must fit the
+// registers of the ordinary path.
 constexpr int CEK_STREAM_UNROLL = 4;
 
-template <bool SCALED = false, typename T>
+template <bool SCALED = false, int U = CEK_STREAM_UNROLL, typename T>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_stream_row_sums(const T* __restrict__ x1,
                                                                    const T* __restrict__ x2,
                                                                    int n_dim, bool vec,
                                                                    CekAcc<T> s1 = 1,
                                                                    CekAcc<T> s2 = 1) {
-    constexpr int U = CEK_STREAM_UNROLL;
     CekSums<CekAcc<T>> s = {0, 0, 0};
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     const int stride = blockDim.x;
@@ -451,16 +458,15 @@ __device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS,
 }
 
 // The streamed path's gradient: the second read of the row (counted in the bytes formula).
-template <bool SCALED = false, typename T>
+// Backwards from this thread's last chunk: the end of the row, read last by the sums, is the
+// part most likely still in L2. Two chunk pairs in flight a trip by default: four, as in the
+// sums, spill the 16-bit conversions on sm_80 (at 1024 threads a thread has 64 registers).
+template <bool SCALED = false, int U = CEK_STREAM_UNROLL / 2, typename T>
 __device__ __forceinline__ void cek_stream_row_gradients_pass(const T* __restrict__ x1,
                                                               const T* __restrict__ x2,
                                                               T* __restrict__ dx1,
                                                               T* __restrict__ dx2, int n_dim,
                                                               bool vec, CekGradient<CekAcc<T>> g) {
-    // Backwards from this thread's last chunk: the end of the row, read last by the sums, is
-    // the part most likely still in L2. Two chunk pairs in flight a trip: four, as in the sums,
-    // spill the 16-bit conversions on sm_80 (at 1024 threads a thread has 64 registers).
-    constexpr int U = CEK_STREAM_UNROLL / 2;
     const int n_chunks = (n_dim + CekVec<T>::N - 1) / CekVec<T>::N;
     const int first = threadIdx.x, stride = blockDim.x;
     int chunk = first < n_chunks ? first + (n_chunks - 1 - first) / stride * stride : -1;
@@ -476,20 +482,6 @@ __device__ __forceinline__ void cek_stream_row_gradients_pass(const T* __restric
         cek_store_chunk_gradients<SCALED>(dx1, dx2, chunk, n_dim, vec, g,
                                           cek_load_chunk(x1, chunk, n_dim, vec),
                                           cek_load_chunk(x2, chunk, n_dim, vec));
-}
-
-template <typename T>
-__device__ __forceinline__ void cek_stream_row_gradients(const T* __restrict__ x1,
-                                                         const T* __restrict__ x2,
-                                                         T* __restrict__ dx1, T* __restrict__ dx2,
-                                                         int n_dim, bool vec,
-                                                         CekGradient<CekAcc<T>> g) {
-    if (cek_rescaled(g)) {
-        CEK_RARE_PATH();  // a huge row
-        cek_stream_row_gradients_pass<true>(x1, x2, dx1, dx2, n_dim, vec, g);
-        return;
-    }
-    cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
 }
 
 // Loss of one row: 1 - c for y == 1, max(0, c - margin) for y == -1, 0 for any other label.
@@ -509,41 +501,97 @@ __device__ __forceinline__ Acc cek_row_coeff(Acc c, Acc y, Acc margin, Acc g) {
     return Acc(0);
 }
 
-// The cosine of this block's row, on the register path (filling rp) or the streamed one. A row
-// that is not ordinary (huge, or with a NaN) is summed again, rescaled: from registers, or with
-// one more read on the streamed path. The branch is uniform: every thread holds the same sums.
-template <int BLOCK_SIZE, typename T>
-__device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_row_cosine(
-    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
-    const T* __restrict__ x2, int n_dim, bool vec) {
-    constexpr bool STREAMED = CekTiling<BLOCK_SIZE, T>::STREAMED;
-    CekSums<CekAcc<T>> s;
-    if constexpr (STREAMED)
-        s = cek_stream_row_sums(x1, x2, n_dim, vec);
-    else
-        s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
-    s = cek_block_sum(s);
-    if (cek_sums_ordinary(s)) return cek_cosine(s);
-    CEK_RARE_PATH();  // a huge row
+// A compile-time choice handed to a generic lambda (cek_block_row's `finish`).
+template <bool B>
+struct CekFlag {
+    static constexpr bool value = B;
+};
+
+// A huge row (or one with a NaN) on the one-block-per-row paths: summed again rescaled and its
+// gradient written, each read again from memory element by element (coalesced across the
+// block). Registers, not speed, decide this code: it is compiled beside the ordinary path, and
+// what it holds live the ordinary path pays for too. Summed from rp (as row groups do) or a
+// chunk at a time, it cost a 1024-thread block of two float chunk pairs a thread 47 registers
+// where the ordinary path fits 32 (one block per SM instead of two). Only huge rows pay the read.
+template <typename T>
+__device__ __forceinline__ CekSums<CekAcc<T>> cek_element_sums(const T* __restrict__ x1,
+                                                                const T* __restrict__ x2,
+                                                                int n_dim, CekAcc<T> s1,
+                                                                CekAcc<T> s2) {
+    CekSums<CekAcc<T>> s = {0, 0, 0};
+#pragma unroll 1
+    for (int i = threadIdx.x; i < n_dim; i += blockDim.x) {
+        const CekAcc<T> x = CekType<T>::to_acc(x1[i]) * s1, z = CekType<T>::to_acc(x2[i]) * s2;
+        s.sq1 += x * x;
+        s.sq2 += z * z;
+        s.dot += x * z;
+    }
+    return s;
+}
+
+template <typename T>
+__device__ __forceinline__ void cek_element_gradients(const T* __restrict__ x1,
+                                                      const T* __restrict__ x2,
+                                                      T* __restrict__ dx1, T* __restrict__ dx2,
+                                                      int n_dim, CekGradient<CekAcc<T>> g) {
+#pragma unroll 1
+    for (int i = threadIdx.x; i < n_dim; i += blockDim.x) {
+        const CekAcc<T> x = CekType<T>::to_acc(x1[i]) * g.s1,
+                        z = CekType<T>::to_acc(x2[i]) * g.s2;
+        dx1[i] = CekType<T>::from_acc(g.s1 * (g.p * z - g.q1 * x));
+        dx2[i] = CekType<T>::from_acc(g.s2 * (g.p * x - g.q2 * z));
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_huge_cosine(CekSums<CekAcc<T>> s,
+                                                                      const T* __restrict__ x1,
+                                                                      const T* __restrict__ x2,
+                                                                      int n_dim) {
     const CekAcc<T> s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
-    if constexpr (STREAMED)
-        s = cek_stream_row_sums<true>(x1, x2, n_dim, vec, s1, s2);
-    else
-        s = cek_row_pair_scaled_sums(rp, s1, s2);
+    s = cek_element_sums(x1, x2, n_dim, s1, s2);
     __syncthreads();  // every warp has read the first sums' partials
     return cek_scaled_cosine(cek_block_sum(s), s1, s2);
 }
 
-// Writes this block's row of dx1, dx2 from registers, or re-reads it on the streamed path.
-template <int BLOCK_SIZE, typename T>
+// This block's row: loads it (into rp on the register path; the streamed path loops over it),
+// finds its cosine and returns finish(k, CekFlag<HUGE>{}). finish is inlined twice, once for
+// ordinary rows and once, behind CEK_RARE_PATH, for huge ones, so the ordinary path's code and
+// registers are its own: nothing of the huge branch joins it. The branch is uniform: every
+// thread holds the same sums.
+template <int BLOCK_SIZE, typename T, typename Finish>
+__device__ __forceinline__ auto cek_block_row(CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp,
+                                              const T* __restrict__ x1,
+                                              const T* __restrict__ x2, int n_dim, bool vec,
+                                              Finish finish) {
+    CekSums<CekAcc<T>> s;
+    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
+        s = cek_stream_row_sums(x1, x2, n_dim, vec);
+    else
+        s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
+    s = cek_block_sum(s);
+    if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});
+    CEK_RARE_PATH();  // a huge row
+    return finish(cek_block_huge_cosine(s, x1, x2, n_dim), CekFlag<true>{});
+}
+
+// Writes this block's row of dx1, dx2: from registers, or read again on the streamed path and
+// for a huge row (rescaled, element by element: cek_element_gradients).
+template <bool HUGE, int BLOCK_SIZE, typename T>
 __device__ __forceinline__ void cek_block_row_gradients(
     const CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
     const T* __restrict__ x2, T* __restrict__ dx1, T* __restrict__ dx2, int n_dim, bool vec,
     CekGradient<CekAcc<T>> g) {
-    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
-        cek_stream_row_gradients(x1, x2, dx1, dx2, n_dim, vec, g);
-    else
-        cek_store_row_gradients(rp, x1, x2, dx1, dx2, n_dim, vec, threadIdx.x, blockDim.x, g);
+    if constexpr (HUGE) {
+        cek_element_gradients(x1, x2, dx1, dx2, n_dim, g);
+    } else if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED) {
+        cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
+    } else {
+#pragma unroll
+        for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
+            cek_store_chunk_gradients(dx1, dx2, threadIdx.x + i * blockDim.x, n_dim, vec, g,
+                                      rp.a[i], rp.b[i]);
+    }
 }
 
 // Row groups: GROUP lanes of one warp own a row, blockDim.x / GROUP rows a block (cek_row.cuh's
@@ -564,7 +612,7 @@ struct CekGroupRow {
 template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row(int n_rows, int n_dim) {
     using Tiling = CekTiling<BLOCK_SIZE, T>;
-    static_assert(Tiling::GROUPED, "row groups need rows of at most 64 chunks");
+    static_assert(Tiling::GROUPED, "row groups need rows of at most 64 chunks, 256 elements");
     constexpr int GROUP = Tiling::GROUP;
     CekGroupRow<BLOCK_SIZE, T> r;
     r.lane = threadIdx.x % GROUP;

@@ -20,7 +20,7 @@
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 //
 // cosine_embedding_loss_backward_rows: the same arguments and results, with the fused kernel's
-// launch contract: rows of up to 64 chunks (float: n_dim <= 256) in row groups, 256 threads a
+// launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256) in row groups, 256 threads a
 // block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1];
 // wider rows exactly as above. The faster variant for narrow rows: one block per row gives a
 // 128-float row a one-warp block (cek_row.cuh).
@@ -56,10 +56,14 @@ __device__ __forceinline__ void cek_backward_row(const CekAcc<T>* __restrict__ d
     // y and dy in flight with the row: one load round (two for KEEP, which reads dy first).
     const CekAcc<T> label = y[row], g = dy[row];
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
-    const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    const CekAcc<T> coeff = cek_row_coeff(k.c, label, margin, g);
-    cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
-                                           dx2 + offset, n_dim, vec, cek_gradient(k, coeff));
+    cek_block_row<BLOCK_SIZE, T>(
+        rp, x1 + offset, x2 + offset, n_dim, vec,
+        [&](const CekCosine<CekAcc<T>>& k, auto huge) {
+            const CekAcc<T> coeff = cek_row_coeff(k.c, label, margin, g);
+            cek_block_row_gradients<decltype(huge)::value, BLOCK_SIZE, T>(
+                rp, x1 + offset, x2 + offset, dx1 + offset, dx2 + offset, n_dim, vec,
+                cek_gradient(k, coeff));
+        });
 }
 
 // Row groups where rows are narrow, one row per block otherwise. KEEP: a kept row is not live

@@ -17,8 +17,8 @@
 //
 // cosine_embedding_loss_forward_rows: the same arguments and results, then four more for the
 // reduced loss (partials, counter, reduced, reduction_scale: the fused kernel's, with its math
-// and bytes), with the fused kernel's launch contract: rows of up to 64 chunks (float: n_dim <=
-// 256) in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
+// and bytes), with the fused kernel's launch contract: rows of up to 64 chunks and 256 elements
+// (float: n_dim <= 256) in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
 // [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
 // narrow rows (cek_row.cuh). With partials = nullptr it is the forward kernel.
 #include "cek_row.cuh"
@@ -39,8 +39,9 @@ __device__ __forceinline__ void cek_forward_block_row(const T* __restrict__ x1,
 
     const CekAcc<T> label = y[row];  // in flight with the row (one load round)
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
-    const auto k = cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-    const CekAcc<T> row_loss = cek_row_loss(k.c, label, margin);
+    const CekAcc<T> row_loss = cek_block_row<BLOCK_SIZE, T>(
+        rp, x1 + offset, x2 + offset, n_dim, vec,
+        [&](const CekCosine<CekAcc<T>>& k, auto) { return cek_row_loss(k.c, label, margin); });
     if (threadIdx.x == 0) out[row] = row_loss;
     if (red.partials != nullptr)  // uniform over the launch
         cek_reduce_loss<true, T>(red, threadIdx.x == 0 ? row_loss : CekAcc<T>(0));

@@ -12,7 +12,7 @@
 //
 // Launch contract (BLOCK_SIZE = next_power_of_two(n_dim), at most 2^20; VEC = 16 / sizeof(T),
 // ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_row.cuh):
-//   ROW_CHUNKS <= 64 (float: n_dim <= 256): row groups. 256 threads a block, GROUP =
+//   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles): row groups. 256 threads a block, GROUP =
 //     min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]: a warp or
 //     less per row, no barrier.
 //   Above: grid [n_rows, 1, 1], one block per row, threads as in the backward kernel.
@@ -97,12 +97,15 @@ __device__ __forceinline__ void cek_fused_rows(const T* __restrict__ x1, const T
         const long long offset = static_cast<long long>(row) * n_dim;
         const auto l = cek_fused_labels(y, dy, row);
         CekRowPair<Tiling::CHUNKS, T> rp;
-        const auto k =
-            cek_block_row_cosine<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, n_dim, vec);
-        const auto f = cek_fused_row(k, l, scale, loss, row, threadIdx.x, margin);
-        cek_block_row_gradients<BLOCK_SIZE, T>(rp, x1 + offset, x2 + offset, dx1 + offset,
-                                               dx2 + offset, n_dim, vec, f.g);
-        if (threadIdx.x == 0) share = f.loss;
+        const CekAcc<T> row_loss = cek_block_row<BLOCK_SIZE, T>(
+            rp, x1 + offset, x2 + offset, n_dim, vec,
+            [&](const CekCosine<CekAcc<T>>& k, auto huge) {
+                const auto f = cek_fused_row(k, l, scale, loss, row, threadIdx.x, margin);
+                cek_block_row_gradients<decltype(huge)::value, BLOCK_SIZE, T>(
+                    rp, x1 + offset, x2 + offset, dx1 + offset, dx2 + offset, n_dim, vec, f.g);
+                return f.loss;
+            });
+        if (threadIdx.x == 0) share = row_loss;
     }
     if (MAY_REDUCE && red.partials != nullptr)  // uniform over the launch
         cek_reduce_loss<!Tiling::GROUPED, T>(red, share);

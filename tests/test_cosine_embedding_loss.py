@@ -90,7 +90,7 @@ GROUPED = [cls for cls in KERNELS if issubclass(cls, RowGroups)]
 @pytest.mark.emulator
 @pytest.mark.parametrize("dtype, n_dim", [("f32", 1), ("f32", 3), ("f32", 33), ("f32", 128),
                                           ("f32", 129), ("f64", 33), ("bf16", 129),
-                                          ("f16", 512)])
+                                          ("f16", 256)])
 @pytest.mark.parametrize("cls", GROUPED, ids=_id)
 def test_row_groups_over_several_blocks_and_a_partial_last_one(emulator, cls, n_dim, dtype):
     # 300 rows: more than one 256-thread block holds at every GROUP, a multiple of none, so the
@@ -343,7 +343,9 @@ def _huge_rows(n_dim, dtype):
 def _huge_cases():
     cases = [(cls, d, dtype) for dtype in ["f32"] + OTHER_DTYPES
              for cls, d in _cases(HUGE_WIDTHS, dtype) if d != 768]
-    return cases + [(kernel_classes()[n], 16385, "f32") for n in ("forward", "fused")]
+    # 6000 floats: two chunk pairs a thread on the register path, whose huge rows are read again
+    return cases + [(kernel_classes()[n], d, "f32") for n in ("forward", "fused")
+                    for d in (6000, 16385)] + [(kernel_classes()["backward"], 6000, "f32")]
 
 
 @pytest.mark.emulator
