@@ -35,4 +35,6 @@ class CosineEmbeddingLossForwardRows(RowGroups, CosineEmbeddingLossForward):
     short_name = "forward-rows"
     source_file = "cosine_embedding_loss_forward.cu"
     twin = CosineEmbeddingLossForward
-    args = (*CosineEmbeddingLossForward.args, *REDUCTION_ARGS)
+    # out may be None with the reduced loss: then nothing of size N is written.
+    args = tuple(Arg(a.name, a.ctype, a.shape, output=True, optional=True) if a.name == "out"
+                 else a for a in CosineEmbeddingLossForward.args) + REDUCTION_ARGS

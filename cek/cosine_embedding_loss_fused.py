@@ -9,7 +9,9 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
 
     The upstream gradient of row r is `scale * dy[r]`, or `scale` alone when dy is None: mean
     (scale = 1/n_rows) and sum (scale = 1) need no dy array. Rows of up to 64 chunks and 256
-    elements (256 floats or halves, 128 doubles) run in row groups: a warp or less per row, several rows per block.
+    elements (256 floats or halves, 128 doubles) run in row groups: a warp or less per row,
+    several rows per block. With the reduced loss (partials, counter, reduced) the per-row
+    `loss` may be None: then nothing of size N is written.
     """
 
     name = "cosine_embedding_loss_fused"
@@ -21,7 +23,7 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
         Arg("y", "A*", ROW),
         Arg("dy", "A*", ROW, optional=True),
         Arg("scale", "A"),
-        Arg("loss", "A*", ROW, output=True),
+        Arg("loss", "A*", ROW, output=True, optional=True),  # None: the reduced loss alone
         Arg("dx1", "T*", MATRIX, output=True),
         Arg("dx2", "T*", MATRIX, output=True),
         Arg("n_rows", "int"),

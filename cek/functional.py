@@ -300,13 +300,14 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     dtype). dest: buffers ([N] accumulation dtype, [N, D], [N, D] of x1's dtype) to write
     into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
     for reduction "mean" or "sum" the loss is the kernel's reduced one, a 0-d array of x1's
-    dtype (the per-row losses go to dest[0] or a scratch buffer). Shared by cek.torch.
+    dtype, and the per-row losses are written only into a dest[0] given (without one, the
+    kernel writes nothing of size N but the gradients).
     """
     cupy = gpu.require_cupy()
     n, d = x1.shape
     acc = dtypes.get(dtype).acc
     loss, dx1, dx2 = dest
-    if want_loss and loss is None:
+    if want_loss and loss is None and reduction not in ("mean", "sum"):
         loss = cupy.empty(n, dtype=acc)
     if want_grads:
         dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1

@@ -401,7 +401,8 @@ class Kernel:
 
     def _check_together(self, cast: Sequence[Any]) -> None:
         """The reduction's pointers (REDUCTION_POINTERS) come all three or not at all: the
-        kernel tests partials alone and then trusts counter and reduced."""
+        kernel tests partials alone and then trusts counter and reduced. An optional output
+        (the per-row loss) may be None only with them."""
         names = [spec.name for spec in self.args]
         if "partials" not in names:
             return
@@ -410,6 +411,13 @@ class Kernel:
             missing = [n for n, g in zip(REDUCTION_POINTERS, given) if not g]
             raise ValueError(f"{self.name}: partials, counter and reduced are given together "
                              f"(the reduced loss) or not at all; missing {', '.join(missing)}")
+        if any(given):
+            return
+        for spec, value in zip(self.args, cast):
+            if spec.output and spec.optional and value is None:
+                raise ValueError(f"{self.name}: {spec.name} may be None only with the reduced "
+                                 f"loss (partials, counter, reduced): the launch would write "
+                                 f"no loss")
 
     def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
         n_rows, n_dim = _size_positions(type(self))

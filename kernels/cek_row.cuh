@@ -89,6 +89,13 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
 #define CEK_RARE_PATH()
 #endif
 
+// A fact of the launch contract the compiler may build on (GPU only: g++ has no such builtin).
+#ifdef __CUDA_ARCH__
+#define CEK_ASSUME(cond) __builtin_assume(cond)
+#else
+#define CEK_ASSUME(cond)
+#endif
+
 // 128-bit accesses need every row start 16-byte aligned: true for all rows exactly when the base
 // pointers are and n_dim is a whole number of chunks. A view with an offset fails this and takes
 // the scalar path.

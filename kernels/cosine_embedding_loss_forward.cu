@@ -18,9 +18,10 @@
 // cosine_embedding_loss_forward_rows: the same arguments and results, then four more for the
 // reduced loss (partials, counter, reduced, reduction_scale: the fused kernel's, with its math
 // and bytes), with the fused kernel's launch contract: rows of up to 64 chunks and 256 elements
-// (float: n_dim <= 256) in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
-// [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
-// narrow rows (cek_row.cuh). With partials = nullptr it is the forward kernel.
+// (float: n_dim <= 256) in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes
+// per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster
+// variant for narrow rows (cek_row.cuh). With partials = nullptr it is the forward kernel; with
+// partials given, out may be nullptr: the reduced loss alone, nothing of size N written.
 #include "cek_row.cuh"
 
 // The forward kernel's row, and the reduction when red.partials is given. The forward kernel
@@ -37,12 +38,15 @@ __device__ __forceinline__ void cek_forward_block_row(const T* __restrict__ x1,
     const long long offset = static_cast<long long>(row) * n_dim;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, x1, x2);
 
+    // out may be null only with the reduction: the forward kernel's red is empty (a constant),
+    // so its test folds and its code stays the seed's.
+    CEK_ASSUME(red.partials != nullptr || out != nullptr);
     const CekAcc<T> label = y[row];  // in flight with the row (one load round)
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T> rp;
     const CekAcc<T> row_loss = cek_block_row<BLOCK_SIZE, T>(
         rp, x1 + offset, x2 + offset, n_dim, vec,
         [&](const CekCosine<CekAcc<T>>& k, auto) { return cek_row_loss(k.c, label, margin); });
-    if (threadIdx.x == 0) out[row] = row_loss;
+    if (threadIdx.x == 0 && out != nullptr) out[row] = row_loss;  // uniform over the launch
     if (red.partials != nullptr)  // uniform over the launch
         cek_reduce_loss<true, T>(red, threadIdx.x == 0 ? row_loss : CekAcc<T>(0));
 }
@@ -70,7 +74,7 @@ __device__ void cosine_embedding_loss_forward_rows(
         cek_group_row_cosine(r, x1, x2, n_dim, vec);
         const CekAcc<T> row_loss = cek_row_loss(r.k.c, label, margin);
         const bool writes = r.live && r.lane == 0;
-        if (writes) out[r.row] = row_loss;
+        if (writes && out != nullptr) out[r.row] = row_loss;  // out: uniform over the launch
         if (partials != nullptr)  // uniform over the launch
             cek_reduce_loss<false, T>(red, writes ? row_loss : CekAcc<T>(0));
     } else {

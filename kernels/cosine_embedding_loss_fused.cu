@@ -25,9 +25,10 @@
 // from per-block partial sums added in block order by the last block to finish (found with
 // *counter, which the launcher zeroes once and the kernel leaves at 0), bitwise the same run to
 // run. partials: [gridDim.x] Acc workspace; counter: one unsigned; reduced: one T; the per-row
-// losses are written as well. Bytes, beside the above: 2*A*B (partials written, read; B =
+// losses are written as well, unless loss is nullptr (allowed only with partials: a mean or sum
+// then writes nothing of size N but the gradients). Bytes, beside the above: 2*A*B (partials written, read; B =
 // gridDim.x) + 4 (the counter: one atomic per block and the reset, on one word that stays in
-// L2) + S (reduced). partials = nullptr: none of this, and the bytes above.
+// L2) + S (reduced), less A*N without the per-row losses. partials = nullptr: none of this, and the bytes above.
 // These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 #include "cek_row.cuh"
@@ -60,7 +61,7 @@ __device__ __forceinline__ CekFusedRow<Acc> cek_fused_row(CekCosine<Acc> k, CekF
                                                           Acc scale, Acc* __restrict__ loss,
                                                           int row, int lane, Acc margin) {
     const Acc row_loss = cek_row_loss(k.c, l.label, margin);
-    if (lane == 0) loss[row] = row_loss;
+    if (lane == 0 && loss != nullptr) loss[row] = row_loss;  // loss: uniform over the launch
     return {row_loss, cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy))};
 }
 
@@ -78,6 +79,8 @@ __device__ __forceinline__ void cek_fused_rows(const T* __restrict__ x1, const T
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
     CekAcc<T> share = 0;  // this thread's share of the block's losses, for the reduction
+    // loss may be null only with the reduction: where red is empty (a constant) the test folds.
+    CEK_ASSUME(red.partials != nullptr || loss != nullptr);
     if constexpr (Tiling::GROUPED) {
         auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
         const auto l = r.live ? cek_fused_labels(y, dy, r.row) : CekFusedLabels<CekAcc<T>>{};

@@ -56,8 +56,10 @@ class _Broken(Kernel):
 
     @property
     def kernel_source(self):
-        return super().kernel_source.replace("if (threadIdx.x == 0) out[row]",
-                                             "if (undeclared_name == 0) out[row]", 1)
+        source = super().kernel_source
+        assert "if (threadIdx.x == 0 && out != nullptr) out[row]" in source
+        return source.replace("if (threadIdx.x == 0 && out != nullptr) out[row]",
+                              "if (undeclared_name == 0 && out != nullptr) out[row]", 1)
 
 
 def test_compile_error_carries_the_log_with_file_and_line():

@@ -65,7 +65,7 @@ def last_rows_args(kernel, inputs, n_rows, first_row):
                         else 1.0 if spec.name == "reduction_scale"  # no reduction: partials None
                         else value)
             continue
-        if value is None and spec.optional:
+        if value is None and spec.optional and not spec.output:  # an absent input (dy)
             args.append(None)
             continue
         shape = tuple(sizes[s] for s in spec.shape)

@@ -113,3 +113,44 @@ def test_bfloat16_reduced_loss_is_rounded_once_from_float():
     got = float(dtypes.to_float64(outputs["reduced"], "bf16"))
     want = check.expected_reduced(inputs, 0.25)
     assert abs(got - want) <= abs(want) * 2.0**-8
+
+
+def _per_row_name(kernel):
+    return "loss" if kernel.kind == "fused" else "out"
+
+
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.short_name)
+@pytest.mark.parametrize("n_rows, n_dim", [(37, 33), (7, 769), (3, 16385)])
+def test_without_the_per_row_loss_nothing_of_size_n_is_written(cls, n_rows, n_dim):
+    """loss (out) = None with the reduced loss: the same reduced bits and gradients as with it,
+    and the kernel never touches the per-row buffer (the traffic counter watches a None argument
+    where the array would be and fails the launch on any access): A*N bytes fewer."""
+    kernel = cls.for_n_dim(n_dim)
+    inputs = dict(check.make_inputs(n_rows, n_dim), reduction="mean", dy=None)
+    both, _ = launch(kernel, inputs, schedule="reverse")
+    args, outputs = check.build_args(kernel, inputs, 0.25)
+    names = [a.name for a in kernel.args]
+    args = list(args)
+    args[names.index(_per_row_name(kernel))] = None
+    grid, block, smem = kernel.launch_config(n_rows, n_dim)
+    counts = emulate.traffic(kernel, grid, block, args, shared_mem=smem, schedule="reverse")
+    assert _per_row_name(kernel) not in counts
+    assert reduced_bits(outputs) == reduced_bits(both)
+    for name in ("dx1", "dx2"):
+        if name in both:
+            assert np.array_equal(outputs[name], both[name])
+    written = sum(t.written for name, t in counts.items() if name not in ("partials", "counter"))
+    grads = sum(both[name].nbytes for name in ("dx1", "dx2") if name in both)
+    assert written == grads + outputs["reduced"].nbytes, counts
+
+
+@pytest.mark.parametrize("cls", KERNELS, ids=lambda c: c.short_name)
+def test_no_per_row_loss_without_the_reduced_one_is_refused(cls):
+    kernel = cls.for_n_dim(33)
+    inputs = dict(check.make_inputs(5, 33), dy=None)
+    args, outputs = check.build_args(kernel, inputs, 0.25)
+    args = list(args)
+    args[[a.name for a in kernel.args].index(_per_row_name(kernel))] = None
+    with pytest.raises(ValueError, match=f"{_per_row_name(kernel)} may be None only with the "
+                                         "reduced loss"):
+        emulate.load(kernel)(*kernel.launch_config(5, 33)[:2], args)

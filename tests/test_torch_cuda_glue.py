@@ -60,6 +60,8 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
     assert launch.stream == STREAM  # launched on torch's current stream
     assert launch.args["x1"].dtype == (np.uint16 if dtype == "bf16" else _bits(x1).dtype)
     assert np.shares_memory(launch.args["x1"], _bits(x1))  # no copy of a contiguous input
+    # a mean or a sum comes from the kernel itself, which then writes no per-row loss
+    assert (launch.args["out"] is None) == (reduction != "none")
 
     f1, f2 = (t.double().reshape(-1, 33).numpy() for t in (x1, x2))  # the rounded inputs
     fy = y.double().reshape(-1).numpy()
@@ -181,6 +183,9 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
         want.backward()
         kernels = EAGER_STEP_KERNELS if route == "eager" else STEP_KERNELS
         assert [i.split("__")[0] for i in cuda.ids()] == kernels + STEP_KERNELS[1:]
+        # the first kernel of a step reduces a mean or sum itself: no per-row loss written
+        first = cuda.launches[0].args
+        assert (first.get("loss", first.get("out")) is None) == (reduction != "none")
         # "sum" launches the signatures "mean" did: pointers only
         _assert_exports_on_torchs_stream(cuda, exported=reduction != "sum")
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)

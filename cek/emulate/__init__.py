@@ -84,7 +84,7 @@ def _checked(kernel: Kernel, grid, block, args: Sequence, shared_mem) -> tuple:
     cast = kernel.check_args(args, (np.ndarray,))
     kernel.check_launch_of(grid, block, cast)
     for spec, value in zip(kernel.args, cast):
-        if spec.output and not value.flags.writeable:
+        if spec.output and value is not None and not value.flags.writeable:
             raise ValueError(f"{spec.name} must be writeable")
     return (cast, runner.launch_dims(grid, "grid"), runner.launch_dims(block, "block"),
             runner.check_shared_mem(shared_mem))

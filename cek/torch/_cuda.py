@@ -180,8 +180,8 @@ def forward(x1, x2, target, margin, reduction):
     """The loss (torch's shape for `reduction`, the inputs' dtype) from the forward kernel."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows = _like(y)
-    buffers = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, rows, n, d, reduction)
+    rows = _per_row_losses(y, n, reduction)
+    buffers = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, y, n, d, reduction)
     if n > 0:
         _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows, *buffers), n, d,
                 margin=margin, reduction_scale=fused_scale(n, reduction))
@@ -191,15 +191,21 @@ def forward(x1, x2, target, margin, reduction):
 _NO_REDUCTION = (None, None, None)
 
 
-def _reduction_buffers(kernel_class, x1, rows, n, d, reduction):
+def _per_row_losses(y, n, reduction):
+    """The [N] buffer for each row's loss (like the labels `y`), or None where the kernel
+    reduces the loss itself: then it writes nothing of size N but the gradients."""
+    return _like(y) if reduction == "none" or n == 0 else None
+
+
+def _reduction_buffers(kernel_class, x1, y, n, d, reduction):
     """(partials, counter, reduced) for the kernel's own mean or sum (kernels/cek_row.cuh,
-    cek_reduce_loss), allocated by torch on its current stream (partials like `rows`, reduced
-    like x1); None each for "none" and for N = 0. The counter is zeroed here (a 4-byte fill),
-    int32 for torch, uint32 to the kernel."""
+    cek_reduce_loss), allocated by torch on its current stream (partials in the labels' `y`
+    dtype, reduced in x1's); None each for "none" and for N = 0. The counter is zeroed here (a
+    4-byte fill), int32 for torch, uint32 to the kernel."""
     if reduction == "none" or n == 0:
         return _NO_REDUCTION
-    partials = rows.new_empty(_blocks(kernel_class, x1.dtype, n, d))
-    return partials, rows.new_zeros((), dtype=torch.int32), x1.new_empty(())
+    partials = y.new_empty(_blocks(kernel_class, x1.dtype, n, d))
+    return partials, y.new_zeros((), dtype=torch.int32), x1.new_empty(())
 
 
 def _reduced(rows, x1, reduction, buffers):
@@ -225,8 +231,8 @@ def fused_forward(x1, x2, target, margin, reduction):
     so that the backward reads the very tensors the forward did."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
-    buffers = _reduction_buffers(CosineEmbeddingLossFused, x1, rows, n, d, reduction)
+    rows, dx1, dx2 = _per_row_losses(y, n, reduction), _like(a1), _like(a1)
+    buffers = _reduction_buffers(CosineEmbeddingLossFused, x1, y, n, d, reduction)
     if n == 0:
         return _reduced(rows, x1, reduction, buffers), (dx1, dx2, None)
     scale = fused_scale(n, reduction)
