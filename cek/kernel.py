@@ -107,8 +107,9 @@ class Kernel:
     launch_contract: ClassVar[str] = (
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
         "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
-        "with threads * VEC * max(1, BLOCK_SIZE/VEC/1024) >= n_dim; 1024 above BLOCK_SIZE "
-        "16384 (8192 for double), where the row is streamed"
+        "with threads * VEC * CHUNKS >= n_dim, CHUNKS = max(1, BLOCK_SIZE/VEC/1024), at least "
+        "2 for float from BLOCK_SIZE 4096; 1024 above BLOCK_SIZE 16384 (8192 for double), where "
+        "the row is streamed"
     )
 
     def __init__(self, block_size: int, dtype: str = "f32"):
@@ -301,7 +302,13 @@ class Kernel:
 
     @property
     def chunks_per_thread(self) -> int:
-        return 1 if self.streamed else max(1, self.row_chunks // MAX_THREADS)
+        """CekTiling::CHUNKS: BLOCK_SIZE/VEC/1024, at least 1, and at least 2 for float rows of
+        1024 chunks or more (blocks of at most 512 threads, four or more an SM)."""
+        if self.streamed:
+            return 1
+        least = 2 if dtypes.get(self.dtype).array.itemsize == 4 and \
+            self.row_chunks >= MAX_THREADS else 1
+        return max(least, self.row_chunks // MAX_THREADS)
 
     def threads(self, n_dim: int) -> int:
         if self.streamed:

@@ -8,9 +8,9 @@
 // next_power_of_two(n_dim) and T, with ROW_CHUNKS = max(1, BLOCK_SIZE / VEC):
 //   * register path, ROW_CHUNKS <= 4096 (2048 for 2-byte T, whose conversions need registers
 //     too; either way rows of up to 16384 elements, 8192 doubles): one block per row; each
-//     thread holds CHUNKS =
-//     max(1, ROW_CHUNKS / 1024) chunks in registers between the reduction and the gradient
-//     write, so x1 and x2 are read once. blockDim.x is the launcher's choice: the smallest
+//     thread holds CHUNKS = max(1, ROW_CHUNKS / 1024) chunks (at least 2 for float rows of
+//     1024 chunks and more) in registers between the reduction and the gradient write, so x1
+//     and x2 are read once. blockDim.x is the launcher's choice: the smallest
 //     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads).
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
@@ -48,8 +48,15 @@ struct CekTiling {
     static constexpr bool STREAMED = ROW_CHUNKS > MAX_REGISTER_CHUNKS;
     static constexpr bool GROUPED =
         ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS && BLOCK_SIZE <= CEK_MAX_GROUPED_SIZE;
+    // Float rows of 1024 chunks (2049..4096 floats) take two chunk pairs a thread, at most 512
+    // threads a block: with one pair, blocks of 683..1023 threads fit two an SM (67-100%;
+    // D = 3072: 75%), with two, blocks of 257..512 threads fit four to seven (81-100%) at the
+    // 32 registers two float pairs fit since the huge-row path reads the row again.
+    static constexpr int MIN_CHUNKS = sizeof(T) == 4 && ROW_CHUNKS >= CEK_MAX_THREADS ? 2 : 1;
     static constexpr int CHUNKS =
-        ROW_CHUNKS / CEK_MAX_THREADS > 1 && !STREAMED ? ROW_CHUNKS / CEK_MAX_THREADS : 1;
+        STREAMED ? 1
+                 : ROW_CHUNKS / CEK_MAX_THREADS > MIN_CHUNKS ? ROW_CHUNKS / CEK_MAX_THREADS
+                                                             : MIN_CHUNKS;
     static constexpr int GROUP = ROW_CHUNKS > CEK_WARP ? CEK_WARP : ROW_CHUNKS;
     static constexpr int GROUP_CHUNKS = ROW_CHUNKS / GROUP;
     static constexpr int GROUPED_THREADS = CEK_GROUPED_THREADS;

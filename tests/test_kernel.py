@@ -114,9 +114,11 @@ def test_next_power_of_two(n, want):
     assert cek.CosineEmbeddingLossBackward.for_n_dim(n).block_size == want
 
 
+# Float rows of 2049..4096 take two chunk pairs a thread (at most 512 threads, four blocks an SM)
 @pytest.mark.parametrize("n_dim, threads", [(1, 32), (33, 32), (128, 32), (129, 64), (768, 192),
-                                            (769, 224), (1000, 256), (4096, 1024),
-                                            (4097, 544), (16384, 1024)])
+                                            (769, 224), (1000, 256), (2048, 512), (2049, 288),
+                                            (3072, 384), (4096, 512), (4097, 544),
+                                            (16384, 1024)])
 @pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossForward])
 def test_threads_cover_the_row_with_whole_warps(cls, n_dim, threads):
     k = cls.for_n_dim(n_dim)

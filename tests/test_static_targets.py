@@ -110,3 +110,18 @@ def test_streamed_gradient_pass_keeps_two_chunk_pairs_in_flight(name, dtype):
     store = next(i for i, op in enumerate(ops) if op.startswith("STG") and ".128" in op)
     after = ops[max(i for i, op in enumerate(ops[:store]) if op.startswith("BAR")):store]
     assert sum(op.startswith("LDG") and ".128" in op for op in after) >= 2 * 2
+
+
+# ... and at the widths between the powers of two, but for blocks of 704 or 736 threads
+# (D = 5377..5888): two an SM, 69-72%, by the thread limit (5377 floats in two chunk pairs a
+# thread, or halves in one, take 673 threads, 704 rounded to warps; twice the pairs a thread
+# would not fit 32 registers).
+THREAD_LIMITED = range(5377, 5889)
+
+
+@pytest.mark.parametrize("name", ONE_BLOCK_PER_ROW)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_three_quarters_occupancy_between_the_powers_of_two(name, dtype):
+    low = [(d, row["occupancy"]) for d in range(257, 8193, 48) if d not in THREAD_LIMITED
+           for row in [facts(name, dtype, d)] if row["occupancy"] < 0.75]
+    assert not low, low
