@@ -433,14 +433,15 @@ class Kernel:
 
 class RowGroups:
     """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
-    up to 64 chunks and 256 elements per row, GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread
-    block holds 256 / GROUP rows. Wider rows keep one block per row."""
+    up to 64 chunks and 256 elements per row, GROUP = min(32, chunks) lanes of a warp own a row
+    and a 256-thread block holds 256 / GROUP rows. Wider rows keep one block per row."""
 
     launch_contract = (
         "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
-        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles): 256 threads a block, GROUP = min(32, BLOCK_SIZE/VEC) lanes "
-        "per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. Above: grid [n_rows, 1, 1], one "
-        "block per row, threads as in the backward and forward kernels"
+        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles): 256 threads a block, "
+        "GROUP = min(32, BLOCK_SIZE/VEC) lanes per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. "
+        "Above: grid [n_rows, 1, 1], one block per row, threads as in the backward and forward "
+        "kernels"
     )
 
     @property

@@ -15,10 +15,11 @@
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
-//     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles): GROUP = min(32, ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a
-//     block holds 256 / GROUP rows and the reduction is warp shuffles only. One block per row
-//     would leave a 128-float row a one-warp block: too few warps per SM to keep enough loads
-//     in flight, and a block launched for every 1 KB of input.
+//     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles): GROUP = min(32,
+//     ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a block holds 256 / GROUP
+//     rows and the reduction is warp shuffles only. One block per row would leave a 128-float
+//     row a one-warp block: too few warps per SM to keep enough loads in flight, and a block
+//     launched for every 1 KB of input.
 #pragma once
 
 #include "cek_types.cuh"

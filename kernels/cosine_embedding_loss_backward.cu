@@ -21,9 +21,9 @@
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 //
 // cosine_embedding_loss_backward_rows: the same arguments and results, with the fused kernel's
-// launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256) in row groups, 256 threads a
-// block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1];
-// wider rows exactly as above. The faster variant for narrow rows: one block per row gives a
+// launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256) in row groups,
+// 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
+// [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for narrow rows: one block per row gives a
 // 128-float row a one-warp block (cek_row.cuh).
 //
 // cosine_embedding_loss_backward_keep: the _rows variant with one more argument, keep_dy (Acc):

@@ -12,9 +12,9 @@
 //
 // Launch contract (BLOCK_SIZE = next_power_of_two(n_dim), at most 2^20; VEC = 16 / sizeof(T),
 // ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_row.cuh):
-//   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles): row groups. 256 threads a block, GROUP =
-//     min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]: a warp or
-//     less per row, no barrier.
+//   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles): row groups. 256
+//     threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
+//     [ceil(n_rows / (256 / GROUP)), 1, 1]: a warp or less per row, no barrier.
 //   Above: grid [n_rows, 1, 1], one block per row, threads as in the backward kernel.
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, read y,
@@ -26,9 +26,10 @@
 // *counter, which the launcher zeroes once and the kernel leaves at 0), bitwise the same run to
 // run. partials: [gridDim.x] Acc workspace; counter: one unsigned; reduced: one T; the per-row
 // losses are written as well, unless loss is nullptr (allowed only with partials: a mean or sum
-// then writes nothing of size N but the gradients). Bytes, beside the above: 2*A*B (partials written, read; B =
-// gridDim.x) + 4 (the counter: one atomic per block and the reset, on one word that stays in
-// L2) + S (reduced), less A*N without the per-row losses. partials = nullptr: none of this, and the bytes above.
+// then writes nothing of size N but the gradients). Bytes, beside the above: 2*A*B (partials
+// written, read; B = gridDim.x) + 4 (the counter: one atomic per block and the reset, on one
+// word that stays in L2) + S (reduced), less A*N without the per-row losses. partials =
+// nullptr: none of this, and the bytes above.
 // These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 #include "cek_row.cuh"
