@@ -14,7 +14,9 @@ from cek.kernel import RowGroups, kernel_classes
 from oracle import KEPT, reference_on_scaled_copies
 
 KERNELS = list(kernel_classes().values())
-DIMS = [1, 2, 3, 31, 32, 33, 127, 128, 129, 384, 768, 769, 1000, 1024, 4096]
+# 3000: float rows of 2049..4096 hold two chunk pairs a thread, the second past the row's end in
+# the last threads
+DIMS = [1, 2, 3, 31, 32, 33, 127, 128, 129, 384, 768, 769, 1000, 1024, 3000, 4096]
 ROWS = [1, 7, 64]
 MARGINS = [-0.5, 0.0, 0.5]
 GPU_DIMS = [1, 3, 31, 32, 33, 127, 768, 769, 1000, 1024, 4096]
