@@ -26,6 +26,7 @@ MAX_THREADS = 1024
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
 GROUPED_THREADS = 256
+TAIL_THREADS = 672  # blocks of 672 fit three an SM, where 704 or 736 fit two
 SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
 MAX_BLOCKS_PER_SM = 32
 
@@ -108,8 +109,9 @@ class Kernel:
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
         "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
         "with threads * VEC * CHUNKS >= n_dim, CHUNKS = max(1, BLOCK_SIZE/VEC/1024), at least "
-        "2 for float from BLOCK_SIZE 4096; 1024 above BLOCK_SIZE 16384 (8192 for double), where "
-        "the row is streamed"
+        "2 for float from BLOCK_SIZE 4096, but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 "
+        "(not double; a thread then holds one element past its chunks); 1024 above BLOCK_SIZE "
+        "16384 (8192 for double), where the row is streamed"
     )
 
     def __init__(self, block_size: int, dtype: str = "f32"):
@@ -171,7 +173,8 @@ class Kernel:
         tiling = f"CekTiling<{self.block_size}, {dtypes.get(self.dtype).c_type}>"
         facts = {"VEC": self.vec, "ROW_CHUNKS": self.row_chunks,
                  "STREAMED": str(self.streamed).lower(), "CHUNKS": self.chunks_per_thread,
-                 "THREADS": self.threads(self.block_size)}
+                 "THREADS": self.threads(self.block_size),
+                 "TAILED": str(self.tailed).lower(), "TAIL_THREADS": TAIL_THREADS}
         if isinstance(self, RowGroups):
             facts.update(GROUPED=str(self.grouped).lower(), GROUP=self.group)
             facts["GROUPED_THREADS"] = GROUPED_THREADS
@@ -310,11 +313,21 @@ class Kernel:
             self.row_chunks >= MAX_THREADS else 1
         return max(least, self.row_chunks // MAX_THREADS)
 
+    @property
+    def tailed(self) -> bool:
+        """CekTiling::TAILED: rows that would take 704 or 736 threads (two blocks an SM) run
+        TAIL_THREADS (three), each thread holding one element past its chunks at most."""
+        return (not self.streamed and dtypes.get(self.dtype).array.itemsize <= 4
+                and self.block_size == 8192)
+
     def threads(self, n_dim: int) -> int:
         if self.streamed:
             return MAX_THREADS
         per_thread = self.vec * self.chunks_per_thread
-        return WARP * math.ceil(math.ceil(n_dim / per_thread) / WARP)
+        threads = WARP * math.ceil(math.ceil(n_dim / per_thread) / WARP)
+        if self.tailed and TAIL_THREADS < threads < 768:
+            return TAIL_THREADS
+        return threads
 
     def _io_bytes(self, n_rows: int, n_dim: int, matrices: int, rows: int) -> int:
         """Bytes of `matrices` [N, D] arrays of T and `rows` [N] arrays of the accumulator."""

@@ -11,7 +11,9 @@
 //     thread holds CHUNKS = max(1, ROW_CHUNKS / 1024) chunks (at least 2 for float rows of
 //     1024 chunks and more) in registers between the reduction and the gradient write, so x1
 //     and x2 are read once. blockDim.x is the launcher's choice: the smallest
-//     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads).
+//     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads),
+//     but 672 where that is 704 or 736 at BLOCK_SIZE 8192 (CekTiling::TAILED): a thread then
+//     holds one element past its chunks.
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
@@ -66,6 +68,15 @@ struct CekTiling {
     static constexpr int THREADS =
         STREAMED ? CEK_MAX_THREADS
                  : (ROW_CHUNKS / CHUNKS + CEK_WARP - 1) / CEK_WARP * CEK_WARP;
+    // Blocks of 673..767 threads fit only two an SM (66-75% of its 2048 threads). Where a row
+    // would take 704 or 736 (5377..5888 floats or 16-bit values, BLOCK_SIZE 8192, 32 registers
+    // a thread) it runs TAIL_THREADS, three an SM (98%), and each thread holds one element of
+    // the at most MAX_TAIL past its chunks (cek_tail_element). Not for doubles: more than 32
+    // registers a thread hold them to two blocks of 672 anyway.
+    static constexpr bool TAILED = !STREAMED && sizeof(T) <= 4 && BLOCK_SIZE == 8192;
+    static constexpr int TAIL_THREADS = 672;
+    static constexpr int MAX_TAIL = TAILED ? (736 - TAIL_THREADS) * CHUNKS * VEC : 0;
+    static_assert(MAX_TAIL <= TAIL_THREADS, "a tailed row's thread holds one element at most");
 };
 
 // 16 bytes of a row: VEC elements, moved as one 128-bit access when aligned.
@@ -112,6 +123,21 @@ __device__ __forceinline__ bool cek_vectorizable(int n_dim, const void* a, const
                                                  const void* c, const void* d) {
     return n_dim % CekVec<T>::N == 0 && cek_aligned16(a) && cek_aligned16(b) &&
            cek_aligned16(c) && cek_aligned16(d);
+}
+
+// The same test without a branch: the pointers' OR, tested once. Its result stays in a predicate,
+// where the branches of && meet in a bool held in a register. The fused kernel holds the flag
+// through the block's reduction, and with a tailed row (CekTiling::TAILED) that register spilled
+// on sm_90. The other kernels keep the && form: with this one ptxas gave their 16-bit variants
+// more integer instructions (the forward bfloat16 kernel at D = 768: 51 against 43).
+template <typename T>
+__device__ __forceinline__ bool cek_vectorizable_flat(int n_dim, const void* a, const void* b,
+                                                      const void* c, const void* d) {
+    const unsigned long long bits =
+        reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b) |
+        reinterpret_cast<unsigned long long>(c) | reinterpret_cast<unsigned long long>(d) |
+        static_cast<unsigned long long>(n_dim % CekVec<T>::N);
+    return (bits & 15ull) == 0;
 }
 
 // Elements past n_dim load as 0, which adds nothing to the sums.
@@ -568,6 +594,56 @@ __device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_huge_cosine(CekSums<Ce
     return cek_scaled_cosine(cek_block_sum(s), s1, s2);
 }
 
+// A tailed row's elements past the chunks (CekTiling::TAILED): thread t holds element
+// CHUNKS * VEC * blockDim.x + t of x1 and x2, if the row has it. An element, not a third chunk
+// pair: two more registers where a chunk pair would take 8 or 16 past the 32 that three blocks
+// an SM allow; a warp's 32 elements are still one 128-byte line. Between the sums and the
+// gradient the pair waits in shared memory, widened to the accumulation type: kept in registers
+// through the block reduction it made the float gradient kernels spill, stored as 16-bit values
+// the bfloat16 backward kernel. Each thread reads back only its own pair: no barrier.
+template <typename Acc>
+struct CekTailPair {
+    Acc x, z;
+};
+
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ CekTailPair<CekAcc<T>>& cek_tail_pair() {
+    __shared__ CekTailPair<CekAcc<T>> pairs[CekTiling<BLOCK_SIZE, T>::TAIL_THREADS];
+    return pairs[threadIdx.x];
+}
+
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ int cek_tail_element() {
+    return CekTiling<BLOCK_SIZE, T>::CHUNKS * CekVec<T>::N * blockDim.x + threadIdx.x;
+}
+
+// The register path's loads and sums of this thread's part of a row, a tailed row's element
+// included, its loads issued after the chunks' (issued before them, the element was widened
+// before the chunk loads went out: two load rounds).
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ CekSums<CekAcc<T>> cek_load_block_row(
+    CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
+    const T* __restrict__ x2, int n_dim, bool vec) {
+    if constexpr (!CekTiling<BLOCK_SIZE, T>::TAILED) {
+        return cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
+    } else {
+        cek_load_pairs(rp.a, rp.b, x1, x2, threadIdx.x, blockDim.x, n_dim, vec);
+        const int k = cek_tail_element<BLOCK_SIZE, T>();
+        const T zero = CekType<T>::from_acc(0);
+        const T a = k < n_dim ? x1[k] : zero, b = k < n_dim ? x2[k] : zero;
+        CekSums<CekAcc<T>> s = {0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
+            cek_accumulate(s, rp.a[i], rp.b[i]);
+        const CekAcc<T> x = CekType<T>::to_acc(a), z = CekType<T>::to_acc(b);
+        s.sq1 += x * x;
+        s.sq2 += z * z;
+        s.dot += x * z;
+        if (k < n_dim) cek_tail_pair<BLOCK_SIZE, T>() = {x, z};
+        return s;
+    }
+}
+
 // This block's row: loads it (into rp on the register path; the streamed path loops over it),
 // finds its cosine and returns finish(k, CekFlag<HUGE>{}). finish is inlined twice, once for
 // ordinary rows and once, behind CEK_RARE_PATH, for huge ones, so the ordinary path's code and
@@ -582,7 +658,7 @@ __device__ __forceinline__ auto cek_block_row(CekRowPair<CekTiling<BLOCK_SIZE, T
     if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
         s = cek_stream_row_sums(x1, x2, n_dim, vec);
     else
-        s = cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
+        s = cek_load_block_row<BLOCK_SIZE>(rp, x1, x2, n_dim, vec);
     s = cek_block_sum(s);
     if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});
     CEK_RARE_PATH();  // a huge row
@@ -605,6 +681,15 @@ __device__ __forceinline__ void cek_block_row_gradients(
         for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
             cek_store_chunk_gradients(dx1, dx2, threadIdx.x + i * blockDim.x, n_dim, vec, g,
                                       rp.a[i], rp.b[i]);
+        if constexpr (CekTiling<BLOCK_SIZE, T>::TAILED) {
+            const int k = cek_tail_element<BLOCK_SIZE, T>();
+            if (k < n_dim) {
+                const CekTailPair<CekAcc<T>> t = cek_tail_pair<BLOCK_SIZE, T>();
+                const CekAcc<T> x = t.x, z = t.z;
+                dx1[k] = CekType<T>::from_acc(g.p * z - g.q1 * x);
+                dx2[k] = CekType<T>::from_acc(g.p * x - g.q2 * z);
+            }
+        }
     }
 }
 

@@ -62,8 +62,11 @@ __device__ __forceinline__ CekFusedRow<Acc> cek_fused_row(CekCosine<Acc> k, CekF
                                                           Acc scale, Acc* __restrict__ loss,
                                                           int row, int lane, Acc margin) {
     const Acc row_loss = cek_row_loss(k.c, l.label, margin);
+    // The gradient's factors before the loss's store: the other way round ptxas spilled a
+    // register in the float kernel at BLOCK_SIZE 4096 on sm_80.
+    const auto g = cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy));
     if (lane == 0 && loss != nullptr) loss[row] = row_loss;  // loss: uniform over the launch
-    return {row_loss, cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy))};
+    return {row_loss, g};
 }
 
 // The kernel's rows, and the reduced loss where red.partials is given. MAY_REDUCE = false (red
@@ -78,7 +81,7 @@ __device__ __forceinline__ void cek_fused_rows(const T* __restrict__ x1, const T
                                                T* __restrict__ dx2, int n_rows, int n_dim,
                                                CekAcc<T> margin, const CekReduce<T>& red) {
     using Tiling = CekTiling<BLOCK_SIZE, T>;
-    const bool vec = cek_vectorizable<T>(n_dim, x1, x2, dx1, dx2);
+    const bool vec = cek_vectorizable_flat<T>(n_dim, x1, x2, dx1, dx2);
     CekAcc<T> share = 0;  // this thread's share of the block's losses, for the reduction
     // loss may be null only with the reduction: where red is empty (a constant) the test folds.
     CEK_ASSUME(red.partials != nullptr || loss != nullptr);

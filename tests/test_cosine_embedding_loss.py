@@ -111,6 +111,17 @@ def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):
     _assert_passes(check.run_case(kernel, emulator["forward"], "cpu", _inputs(cls, 2, n_dim), 0.0))
 
 
+def _misaligned(inputs):
+    """x1 and x2 as views one element into a buffer: rows not 16-byte aligned."""
+    for name in ("x1", "x2"):
+        buf = np.empty(inputs[name].size + 1, inputs[name].dtype)
+        view = buf[1:].reshape(inputs[name].shape)
+        view[...] = inputs[name]
+        assert view.ctypes.data % 16 != 0
+        inputs[name] = view
+    return inputs
+
+
 @pytest.mark.emulator
 @pytest.mark.parametrize("dtype", ["f32"] + OTHER_DTYPES)
 @pytest.mark.parametrize("cls", KERNELS, ids=_id)
@@ -118,15 +129,28 @@ def test_emulator_streams_rows_too_wide_for_registers(emulator, cls, n_dim):
 def test_misaligned_views_take_the_scalar_path(emulator, cls, n_dim, dtype):
     # Rows of a view one element into a buffer are not 16-byte aligned: a 128-bit access would
     # fault (the emulator reports it as a GPU would).
-    inputs = _inputs(cls, 5, n_dim, dtype=dtype)
-    for name in ("x1", "x2"):
-        buf = np.empty(inputs[name].size + 1, inputs[name].dtype)
-        view = buf[1:].reshape(inputs[name].shape)
-        view[...] = inputs[name]
-        assert view.ctypes.data % 16 != 0
-        inputs[name] = view
+    inputs = _misaligned(_inputs(cls, 5, n_dim, dtype=dtype))
     kernel = cls.for_n_dim(n_dim, dtype)
     _assert_passes(check.run_case(kernel, emulator["forward"], "cpu", inputs, 0.0))
+
+
+# Rows of 5377..5888 floats or 16-bit values run 672 threads, three blocks an SM, and each thread
+# holds one element past its chunks (CekTiling::TAILED): the last element of a 5377-wide row, all
+# 512 past the chunks of a 5888-wide one. A forgotten element leaves a NaN in the gradient or a
+# wrong loss; 5377 and the misaligned view take the scalar path.
+@pytest.mark.emulator
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
+@pytest.mark.parametrize("n_dim, view", [(5377, False), (5600, True), (5888, False)])
+def test_tailed_rows_hold_an_element_past_their_chunks(emulator, cls, n_dim, view, dtype):
+    kernel = cls.for_n_dim(n_dim, dtype)
+    threads = kernel.launch_config(7, n_dim)[1][0]
+    assert threads == 672 < n_dim / (kernel.chunks_per_thread * kernel.vec)
+    for seed, (margin, schedule) in enumerate(((-0.5, "forward"), (0.5, "random:1"))):
+        inputs = _inputs(cls, 7, n_dim, seed, dtype)
+        if view:
+            inputs = _misaligned(inputs)
+        _assert_passes(check.run_case(kernel, emulator[schedule], "cpu", inputs, margin))
 
 
 @pytest.mark.emulator

@@ -129,6 +129,23 @@ def test_threads_cover_the_row_with_whole_warps(cls, n_dim, threads):
     assert threads * per_thread >= n_dim > (threads - 32) * per_thread
 
 
+# Blocks of 704 or 736 threads fit two an SM: rows of 5377..5888 (BLOCK_SIZE 8192, float and
+# 16-bit types) run 672, three an SM, each thread holding one element past its chunks.
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+def test_no_block_of_673_to_767_threads_where_a_tail_can_take_the_rest(dtype):
+    for n_dim in range(4097, 8193):
+        k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim, dtype)
+        threads = k.launch_config(3, n_dim)[1][0]
+        in_chunks = threads * k.chunks_per_thread * k.vec
+        if dtype == "f64":  # not tailed: the plain rule
+            assert not k.tailed and threads * k.chunks_per_thread * k.vec >= n_dim
+            continue
+        assert k.tailed and not 672 < threads < 768, (n_dim, threads)
+        # every element is held: in a thread's chunks or, one a thread, past them
+        assert in_chunks + (threads if threads == 672 else 0) >= n_dim > in_chunks - 32 * 8, n_dim
+        assert (n_dim > in_chunks) == (5377 <= n_dim <= 5888), n_dim
+
+
 @pytest.mark.parametrize("n_dim", [16385, 100_000, 1 << 20])
 def test_rows_past_16384_are_streamed_by_1024_threads(n_dim):
     k = cek.CosineEmbeddingLossBackward.for_n_dim(n_dim)

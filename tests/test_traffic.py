@@ -20,9 +20,10 @@ from cek.emulate import KernelError  # noqa: E402
 pytestmark = pytest.mark.emulator
 
 N_ROWS = 7  # a row-group block holds 8 rows or more: lanes of dead rows must read nothing
-# Row groups (33: scalar tail, 256: 128-bit), one block per row (769, 4096), streamed (16385:
-# scalar, 16392: 128-bit), and "4096+1": a view one element into its buffer (scalar path).
-WIDTHS = [33, 256, 769, 4096, "4096+1", 16385, 16392]
+# Row groups (33: scalar tail, 256: 128-bit), one block per row (769, 4096; 5888: 672 threads,
+# each holding an element past its chunks), streamed (16385: scalar, 16392: 128-bit), and "4096+1",
+# "5600+1": views one element into their buffers (scalar path).
+WIDTHS = [33, 256, 769, 4096, "4096+1", 5888, "5600+1", 16385, 16392]
 DTYPES = ["f32", "bf16", "f64"]
 
 
