@@ -132,6 +132,7 @@ def _bfloat16_views(x1, x2, dtype):
         raise ValueError(f"dtype must be None or 'bfloat16', got {dtype!r}")
     views = []
     for name, x in (("x1", x1), ("x2", x2)):
+        validate.refuse_tensor(name, x)
         if validate.array_kind(x) is None or x.dtype != np.uint16:
             got = str(x.dtype) if validate.array_kind(x) else type(x).__name__
             raise TypeError(f"dtype='bfloat16' takes {name} as a uint16 array of bfloat16 bits, "

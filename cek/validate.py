@@ -121,7 +121,18 @@ def check_label_dtype(dtype, name: str = "target") -> None:
         raise TypeError(f"{name} must have a real float or int dtype, got {dtype}")
 
 
+def refuse_tensor(name: str, value: Any) -> None:
+    """TypeError for a torch.Tensor, naming cek.torch, which takes tensors. Like a CuPy array, a
+    tensor can only exist once `torch` is in `sys.modules`: torch is never imported here."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} is a torch.Tensor: for tensors use "
+                        "cek.torch.cosine_embedding_loss (autograd gives the gradients); these "
+                        "functions take numpy.ndarray or cupy.ndarray")
+
+
 def _same_kind(kind: str, name: str, value: Any) -> None:
+    refuse_tensor(name, value)
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} is a numpy.ma.MaskedArray: its mask would be ignored; pass "
                         f"{name}.filled(value) or select the unmasked rows")
@@ -146,6 +157,7 @@ def check_inputs(x1, x2, target, margin, reduction) -> Problem:
     if kind is not None:
         _same_kind(kind, "x1", x1)  # refuses a masked array
     if kind is None:
+        refuse_tensor("x1", x1)
         raise TypeError(f"x1 must be a numpy.ndarray or cupy.ndarray, got {type(x1).__name__}")
     _same_kind(kind, "x2", x2)
     _same_kind(kind, "target", target)

@@ -448,6 +448,27 @@ def test_grad_shape_for_reduction_none():
         F.cosine_embedding_loss_backward(np.ones(6), x1, x2, y, reduction="none")
 
 
+@pytest.mark.parametrize("entry", ["loss", "backward", "fused"])
+@pytest.mark.parametrize("name", ["x1", "x2", "target"])
+def test_a_torch_tensor_is_refused_with_the_way_to_cek_torch(entry, name):
+    torch = pytest.importorskip("torch")
+    args = _good()
+    args[name] = torch.from_numpy(args[name])
+    out = _sentinel_out()
+    with pytest.raises(TypeError, match=rf"{name} is a torch\.Tensor: .*cek\.torch") as info:
+        _call(entry, args, out)
+    assert "numpy" in str(info.value), str(info.value)  # what these functions take
+    for buffer in out:
+        assert (buffer == SENTINEL).all()
+
+
+def test_a_bfloat16_tensor_is_refused_with_the_way_to_cek_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.ones(N, D, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"x1 is a torch\.Tensor: .*cek\.torch"):
+        F.cosine_embedding_loss(x, x, torch.ones(N), dtype="bfloat16")
+
+
 def test_import_cek_does_not_import_torch_or_cupy():
     code = ("import sys, cek, cek.functional, cek.cpu, cek.validate; "
             "assert 'torch' not in sys.modules, 'torch'; assert 'cupy' not in sys.modules, 'cupy'")
