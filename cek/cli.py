@@ -3,7 +3,8 @@
 A thin layer over the library: data goes to stdout, progress and diagnostics to stderr, and the
 library's exceptions become exit codes in one place (`Cli`): 0 ok; 1 the work failed (a
 compile error, a wrong result, a kernel error, no device for a GPU-only command, a file that
-cannot be written); 2 usage (a bad option or value). Every error is printed as `Error: ...`.
+cannot be written); 2 usage (a bad option or value); 130 interrupted (Ctrl-C, SIGINT). Every
+error is printed as `Error: ...`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ def _os_error(exc: OSError) -> click.ClickException:
     return click.ClickException(_failure_message(exc))
 
 
+class Interrupted(click.ClickException):
+    """Ctrl-C (SIGINT): `Error: interrupted`, exit 130 as a shell reports a process that
+    SIGINT ended, where click would print "Aborted!" and exit 1, as for a failure."""
+
+    exit_code = 130
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+
 class Cli(click.Group):
     """The group that maps the library's exceptions to exit codes, once for every command."""
 
@@ -77,6 +88,8 @@ class Cli(click.Group):
         # invoke: a stdout that refuses them is caught here.
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # `cek --help | head`: click ends quietly
                 raise
@@ -85,6 +98,8 @@ class Cli(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             result = super().invoke(ctx)
+        except KeyboardInterrupt:  # a command's own imports (CuPy) too
+            raise Interrupted() from None
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # `cek list | head`: click ends quietly
                 raise
@@ -193,7 +208,8 @@ def main() -> None:
     \b
     Exit codes: 0 ok; 1 the work failed (compile error, wrong result,
     no device for a GPU-only command, an output that cannot be written);
-    2 usage error (a bad option or value). Errors are one line: Error: ...
+    2 usage error (a bad option or value); 130 interrupted (Ctrl-C).
+    Errors are one line: Error: ...
     """
 
 
@@ -264,16 +280,31 @@ def _require_nvrtc() -> None:
         ) from exc
 
 
+def _out_dir_value(ctx, param, value: Path | None) -> Path | None:
+    """--out: a directory, or a path where one can be created. Any other file there (a regular
+    file, a device such as /dev/full, a dangling link) is a usage error, whatever its kind."""
+    if value is not None and (value.exists() or value.is_symlink()) and not value.is_dir():
+        raise click.BadParameter(f"'{value}' is not a directory")
+    return value
+
+
+def _given(name: str) -> bool:
+    """Whether the option of parameter `name` was given on the command line (not defaulted)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
 @main.command("compile")
-@click.option("--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES),
-              help="One kernel.  [default: every kernel]")
+@click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
+              help="Kernels to compile (repeatable).  [default: every kernel]")
 @click.option("--all", "all_kernels", is_flag=True, help="Every kernel (the default).")
 @n_dim_option
 @block_size_option
 @click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
 @dtypes_option("f32")
 @click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), metavar="DIR",
+              callback=_out_dir_value,
               help="Write <id>.ptx and <id>.cubin here (created if missing).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
 @click.option("--report", is_flag=True,
@@ -282,14 +313,14 @@ def _require_nvrtc() -> None:
               show_default=True, help="--report: the GPU whose SMs and DRAM to assume.")
 @click.option("--n-rows", type=int, default=65536, show_default=True,
               help="--report: rows of the problem, for the grid and waves.")
-def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
+def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
                     out_dir, as_json, report, gpu, n_rows) -> None:
     """Compile kernels with NVRTC; needs no GPU. Reports registers, spills, shared memory.
 
     \b
     Examples:
       cek compile --n-dim 768                  # every kernel, BLOCK_SIZE 1024
-      cek compile --kernel backward --n-dim 768
+      cek compile --kernel backward --kernel fused --n-dim 768
       cek compile --all --all-sizes --arch sm_90 --json
       cek compile --report --arch sm_90 --gpu h200 --n-dim 768 --n-rows 65536
     """
@@ -298,12 +329,16 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
             raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
         if out_dir is not None:
             raise click.UsageError("--out goes without --report")
+    else:  # an option that changes nothing is refused, not ignored
+        for name in ("gpu", "n_rows"):
+            if _given(name):
+                raise click.UsageError(f"--{name.replace('_', '-')} goes with --report")
 
-    if all_kernels and kernel_name:
+    if all_kernels and kernel_names:
         raise click.UsageError("give --kernel or --all, not both")
     if all_sizes and (n_dim is not None or block_size is not None):
         raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
-    names = [kernel_name] if kernel_name else KERNEL_NAMES
+    names = list(dict.fromkeys(kernel_names)) or KERNEL_NAMES  # in order, once each
     types = _chosen(dtype_names, DTYPE_NAMES)
     kernels = []
     for name in names:
@@ -324,7 +359,8 @@ def compile_command(kernel_name, all_kernels, n_dim, block_size, all_sizes, dtyp
             out_dir.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=out_dir).close()
         except OSError as exc:
-            raise click.ClickException(f"cannot write to --out {out_dir}: {exc.strerror}") from exc
+            raise click.ClickException(f"cannot write to --out {out_dir}: {exc.strerror or exc}") \
+                from exc
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)
