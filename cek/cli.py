@@ -436,6 +436,9 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
 
     if device == "auto":
         device = "gpu" if gpu.device_count() > 0 else "cpu"
+        notice = gpu.no_device_notice("checking on the CPU emulator") if device == "cpu" else None
+        if notice:  # CuPy may well be installed: say why it is not used
+            click.echo(notice, err=True)
     if sanitize and device == "gpu":
         raise click.UsageError("--sanitize runs on the CPU emulator: add --device cpu")
     if device == "gpu":

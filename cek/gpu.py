@@ -11,6 +11,7 @@ CuPy is imported on first use: `import cek` works without it, and without a GPU.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
 from typing import Any, Callable, Sequence
 
@@ -28,6 +29,10 @@ CUPY_INSTALL_HINT = ("pip install cupy-cuda12x (CUDA 12.x driver) or cupy-cuda13
 
 class NoDeviceError(RuntimeError):
     """CuPy is missing or sees no CUDA device."""
+
+
+_noticed = False  # no_device_notice has been given in this process
+_notice_lock = threading.Lock()
 
 
 _lock = threading.Lock()
@@ -53,15 +58,67 @@ def device_count() -> int:
         return 0
 
 
+def _cuda_version(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"  # 13020: 13.2
+
+
+def no_device_reason() -> str | None:
+    """Why no CUDA device is usable, in words to act on, or None when one is. Without a driver
+    CuPy's own error is cudaErrorInsufficientDriver, "CUDA driver version is insufficient for
+    CUDA runtime version", which reads as "upgrade the driver": the versions tell the cases
+    apart (the driver's is 0 where none is loaded)."""
+    cupy = cupy_or_none()
+    if cupy is None:
+        if importlib.util.find_spec("cupy") is None:
+            return "CuPy is not installed"
+        return "CuPy is installed but cannot load its CUDA libraries"
+    try:
+        runtime = cupy.cuda.runtime
+        try:
+            if runtime.getDeviceCount() > 0:
+                return None
+            status = None
+        except Exception as exc:  # CuPy's CUDARuntimeError, with the CUDA status
+            status = getattr(exc, "status", None)
+        driver, needed = runtime.driverGetVersion(), runtime.runtimeGetVersion()
+    except Exception:  # a CuPy that answers none of this
+        return "CuPy cannot reach a GPU"
+    if driver == 0:
+        return "no NVIDIA driver is installed"
+    if driver < needed:
+        return (f"the NVIDIA driver supports CUDA {_cuda_version(driver)}, older than the CUDA "
+                f"{_cuda_version(needed)} that CuPy was built for")
+    if status in (None, 100):  # no error but no device, or cudaErrorNoDevice
+        return "the NVIDIA driver sees no GPU"
+    return f"CuPy cannot reach a GPU (CUDA error {status})"
+
+
+def no_device_notice(instead: str) -> str | None:
+    """The line that says no CUDA device is usable, why, and that `instead` runs in its place
+    ("checking on the CPU emulator"): the first time a caller asks in this process, None after
+    that, and None while a device is usable."""
+    global _noticed
+    with _notice_lock:
+        if _noticed:
+            return None
+        reason = no_device_reason()
+        if reason is None:
+            return None
+        _noticed = True
+    return f"no usable CUDA device ({reason}): {instead}"
+
+
 def require_cupy():
-    """cupy, when a CUDA device is usable; NoDeviceError otherwise."""
+    """cupy, when a CUDA device is usable; NoDeviceError otherwise, saying why in one line."""
     cupy = cupy_or_none()
     if cupy is None:
         raise NoDeviceError(
             f"running on a GPU needs CuPy: {CUPY_INSTALL_HINT}; {NO_DEVICE_HINT}"
         )
     if device_count() == 0:
-        raise NoDeviceError(f"no CUDA device found; {NO_DEVICE_HINT}")
+        reason = no_device_reason()
+        raise NoDeviceError(f"no CUDA device found; {NO_DEVICE_HINT}, and NumPy arrays run on "
+                            f"the CPU{f' ({reason})' if reason else ''}")
     return cupy
 
 
