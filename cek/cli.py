@@ -405,7 +405,8 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
 
 @main.command("check")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
-              show_default=True, help="auto: the GPU when there is one, else the CPU emulator.")
+              show_default=True,
+              help="auto: the GPU when there is one, else the CPU emulator (saying why).")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
               help="Kernels to check (repeatable).  [default: every kernel]")
 @click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True,

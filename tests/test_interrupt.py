@@ -33,7 +33,8 @@ def run(x, y, out):
 
 def waiting_on_the_launch(frame):
     while frame is not None and frame.f_back is not None:
-        if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == "_launch_interruptibly":
+        caller = frame.f_back.f_code.co_name
+        if frame.f_code.co_name == "wait" and caller == "_launch_interruptibly":
             return True
         frame = frame.f_back
     return False
