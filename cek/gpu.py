@@ -1,7 +1,8 @@
 """Load and launch Kernels on a CUDA GPU with CuPy.
 
-`cupy.RawModule(code=kernel.source)` compiles with NVRTC for the current device; CuPy keeps the
-disk cache (CUPY_CACHE_DIR, keyed on source and options; CuPy >= 13, older releases hashed a PTX
+`cupy.RawModule(code=kernel.source, options=LOADER_OPTIONS)` compiles with NVRTC for the current
+device, with the options cek.compile.nvrtc_options names (so `cek compile` reads the same cubin);
+CuPy keeps the disk cache (CUPY_CACHE_DIR, keyed on source and options; CuPy >= 13, older releases hashed a PTX
 that CUDA 12 salts, so the cache never hit). This module memoizes the loaded function in process
 per (cache_key, options, device), so a launch costs a dictionary lookup.
 
@@ -17,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cek.compile import COMMON_OPTIONS, CompileError
+from cek.compile import LOADER_OPTIONS, CompileError
 from cek.kernel import Kernel
 
 NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
@@ -122,7 +123,7 @@ def require_cupy():
     return cupy
 
 
-def get_function(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS):
+def get_function(kernel: Kernel, options: Sequence[str] = LOADER_OPTIONS):
     """The compiled `cupy.RawKernel` of `kernel` on the current device, memoized."""
     cupy = require_cupy()
     key = (kernel.cache_key(), tuple(options), cupy.cuda.Device().id)
@@ -136,20 +137,29 @@ def get_function(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS):
                 module = cupy.RawModule(code=kernel.source, options=tuple(options))
                 function = module.get_function(kernel.entry_point_name())
             except cupy.cuda.compiler.CompileException as exc:
-                raise CompileError(kernel.id, str(exc)) from exc
+                raise CompileError(kernel.id, str(exc), *_cupy_nvrtc(cupy)) from exc
             _functions[key] = function
     return function
 
 
+def _cupy_nvrtc(cupy) -> tuple:
+    """(version, upgrade command) of the NVRTC CuPy compiles with, for CompileError."""
+    major, minor = cupy.cuda.nvrtc.getVersion()
+    wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else "nvidia-cuda-nvrtc"
+    return (major, minor), f"pip install -U {wheel} (the NVRTC CuPy loads)"
+
+
 def raw_args(kernel: Kernel, cast: Sequence[Any]) -> tuple:
     """Checked args as a CuPy RawKernel must be given them. An absent optional pointer becomes
-    np.uint64(0), eight zero bytes: CuPy turns None into a NULL *argument address* rather than a
-    null pointer value (cupy#9046), and the kernel would then read garbage for `dy == nullptr`."""
+    np.uint64(0), eight zero bytes by value: a null pointer under every CuPy. CuPy 13 turned None
+    into a NULL *argument address* (cupy#9046), where the kernel read garbage for `dy ==
+    nullptr`; cek needs CuPy 14, whose None is said to be a null value, but no GPU run has shown
+    it yet, and the explicit zero costs nothing."""
     return tuple(np.uint64(0) if spec.is_pointer and value is None else value
                  for spec, value in zip(kernel.args, cast))
 
 
-def load(kernel: Kernel, options: Sequence[str] = COMMON_OPTIONS) -> Callable:
+def load(kernel: Kernel, options: Sequence[str] = LOADER_OPTIONS) -> Callable:
     """A callable `f(grid, block, args, *, shared_mem=0, stream=None)`, as a CuPy RawKernel.
 
     Unlike a bare RawKernel it checks `args` against `kernel.args` (CuPy arrays of the right
@@ -193,7 +203,7 @@ def launch(kernel: Kernel, *args, stream=None, checked: tuple | None = None) -> 
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
     grid, block, shared_mem = _launch_config(kernel, *kernel.problem_size(cast))
-    _launch_checked(cupy, kernel, COMMON_OPTIONS, grid, block, cast, shared_mem, stream)
+    _launch_checked(cupy, kernel, LOADER_OPTIONS, grid, block, cast, shared_mem, stream)
 
 
 @functools.lru_cache(maxsize=1024)
