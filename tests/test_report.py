@@ -327,6 +327,7 @@ KERNEL_FACTS = {
 
 
 @needs_nvdisasm
+@pytest.mark.exact_sass
 @pytest.mark.parametrize("key", list(KERNEL_FACTS), ids=lambda k: "-".join(map(str, k)))
 def test_kernel_facts_pinned(key):
     name, dtype, n_dim = key
@@ -354,6 +355,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "report.md"
 
 
 @needs_nvdisasm
+@pytest.mark.exact_sass
 def test_documented_example_matches_the_report():
     """docs/report.md's example (fused, f32, 65536 x 768, sm_90, H200) is the report's row, field
     by field: rerun the command it names and paste its output when this fails."""

@@ -48,6 +48,7 @@ def test_one_load_round_per_row(name, dtype, n_dim):
     ("fused", 768), ("backward", 768), ("forward", 768), ("fused", 384),
 ])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.exact_sass  # some kernels sit 1-4 instructions inside these ratios
 def test_half_precision_costs_about_what_float_does(name, n_dim, dtype):
     half, single = facts(name, dtype, n_dim)["sass"], facts(name, "f32", n_dim)["sass"]
     assert half["instructions"] <= 1.5 * single["instructions"], (half, single)
