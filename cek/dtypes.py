@@ -60,7 +60,9 @@ def widen(array, dtype: str, xp=np):
     """Values of an array of `dtype` in at least float32 (bf16: its bits; float64 stays),
     on `xp`'s device: a bfloat16 is the top half of a float32."""
     if dtype == "bf16":
-        return (xp.asarray(array, xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
+        bits = xp.asarray(array, xp.uint16).astype(xp.uint32)
+        bits <<= xp.uint32(16)  # in place: a 0-d array stays an array, whose view exists
+        return bits.view(xp.float32)
     if dtype == "f16":
         return array.astype(xp.float32)
     return array
@@ -147,7 +149,9 @@ def float_to_half(values: np.ndarray, out: np.ndarray, scratch: tuple) -> np.nda
 
 def bfloat16_to_float(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     """bfloat16 `bits` (uint16) widened into float32 `out` of their shape (exact)."""
-    np.left_shift(bits, _U32(16), out=out.view(_U32))
+    # dtype: the shift runs in uint32 under every NumPy's promotion rules (NumPy 1.x shifted a
+    # uint16 array by a uint32 scalar in uint16, losing every bit).
+    np.left_shift(bits, _U32(16), out=out.view(_U32), dtype=_U32)
     return out
 
 

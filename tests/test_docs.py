@@ -1,6 +1,7 @@
 """Every code block of README.md and docs/*.md runs, so that no snippet can rot.
 
 - ```python blocks are executed, each in a fresh namespace (a reader copies one block at a time).
+  A block that imports torch or cek.torch skips, with a reason, where torch is not installed.
   A block that imports cupy runs on the CuPy stand-in (tests/fake_cupy.py): NumPy arrays posing
   as device arrays, the CPU emulator running the real kernels in place of the GPU.
 - ```bash blocks: each line is a `cek ...` command, run through click's CliRunner, which must
@@ -72,6 +73,8 @@ def test_a_block_that_does_not_run_says_why(block):
 def test_the_block_runs(block, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
     if block["lang"] == "python":
+        if re.search(r"^(import|from) (torch|cek\.torch)\b", block["code"], re.M):
+            pytest.importorskip("torch", reason="the block uses PyTorch, which is not installed")
         if re.search(r"^import cupy|^from cupy", block["code"], re.M):
             from fake_cupy import install
 
