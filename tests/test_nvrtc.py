@@ -128,3 +128,22 @@ def test_cek_compile_is_cupys_compile(cupy_compile, name, dtype, n_dim):
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed: options compared, SASS not")
     assert disassemble(cubin) == disassemble(compile_kernel(kernel, "sm_90").cubin)
+
+
+def test_a_cupy_compile_error_names_cupys_nvrtc_and_its_wheel():
+    from types import SimpleNamespace
+
+    from cek import gpu
+
+    def cupy_with(version):
+        nvrtc = SimpleNamespace(getVersion=lambda: version)
+        return SimpleNamespace(cuda=SimpleNamespace(nvrtc=nvrtc))
+
+    version, upgrade = gpu._cupy_nvrtc(cupy_with((12, 4)))
+    assert version == (12, 4) and "nvidia-cuda-nvrtc-cu12" in upgrade
+    assert "nvidia-cuda-nvrtc " in gpu._cupy_nvrtc(cupy_with((13, 0)))[1]
+    message = str(CompileError("k", "log", *gpu._cupy_nvrtc(cupy_with((11, 8)))))
+    assert "with NVRTC 11.8 failed" in message and "(the NVRTC CuPy loads)" in message
+    cupy = pytest.importorskip("cupy")
+    if hasattr(cupy.cuda, "nvrtc"):  # the real CuPy reads its NVRTC without a device
+        assert gpu._cupy_nvrtc(cupy)[0] == tuple(cupy.cuda.nvrtc.getVersion())
