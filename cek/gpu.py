@@ -1,10 +1,10 @@
 """Load and launch Kernels on a CUDA GPU with CuPy.
 
 `cupy.RawModule(code=kernel.source, options=LOADER_OPTIONS)` compiles with NVRTC for the current
-device, with the options cek.compile.nvrtc_options names (so `cek compile` reads the same cubin);
-CuPy keeps the disk cache (CUPY_CACHE_DIR, keyed on source and options; CuPy >= 13, older releases hashed a PTX
-that CUDA 12 salts, so the cache never hit). This module memoizes the loaded function in process
-per (cache_key, options, device), so a launch costs a dictionary lookup.
+device, with the options cek.compile.nvrtc_options names (so `cek compile` reads the same cubin).
+CuPy keeps the disk cache (CUPY_CACHE_DIR, keyed on source and options; CuPy >= 13, older
+releases hashed a PTX that CUDA 12 salts, so the cache never hit). This module memoizes the
+loaded function in process per (cache_key, options, device), so a launch costs a dict lookup.
 
 CuPy is imported on first use: `import cek` works without it, and without a GPU.
 """
