@@ -125,25 +125,36 @@ class Library:
         SIGINT only in the main thread between bytecodes, never inside a foreign call, so a long
         launch run here directly would ignore Ctrl-C until it ended. The wait is on an Event,
         not Thread.join: a join that KeyboardInterrupt cuts short marks a running thread as
-        finished (Python 3.11), and a next launch would then run beside it."""
-        result, done = [], threading.Event()
+        finished (Python 3.11), and a next launch would then run beside it.
+        SIGINT can also land inside Thread.start(), before or after the thread exists, which
+        this thread cannot tell apart. So the launch and the interrupt each append to `first`,
+        and only the first comes true: a launch that began is stopped and waited for, a thread
+        that has not begun it never will."""
+        result, done, first = [], threading.Event(), []
 
         def work():
+            first.append("launch")
+            if first[0] != "launch":
+                return
             try:
                 result.append(self._launch(*call))
             finally:
                 done.set()
 
         self._dll.cek_stop(0)
-        threading.Thread(target=work, name="cek-emulate-launch", daemon=True).start()
         try:
+            threading.Thread(target=work, name="cek-emulate-launch", daemon=True).start()
             while not done.wait(0.1):
                 pass
         except KeyboardInterrupt:
-            self._dll.cek_stop(1)  # the runtime stops before its next block
-            while not done.is_set():  # a block takes milliseconds; the lock is held until then
+            while True:  # a second Ctrl-C must not leave the launch running either
                 try:
-                    done.wait(0.1)
+                    self._dll.cek_stop(1)  # the runtime stops before its next block
+                    first.append("interrupt")
+                    # A block takes milliseconds; the lock is held until the launch ends.
+                    while first[0] == "launch" and not done.wait(0.1):
+                        pass
+                    break
                 except KeyboardInterrupt:
                     pass
             raise
