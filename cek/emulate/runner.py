@@ -110,6 +110,7 @@ class Library:
                 raise ValueError(f"a traffic library watches at most 16 arrays, not {len(watch)}")
             call = (pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
                     shared_mem, schedule[0], schedule[1], first_block, error, len(error))
+            self._dll.cek_stop(0)  # a stop request ends with the launch it was made for
             try:
                 if interruptible and threading.current_thread() is threading.main_thread():
                     failed = self._launch_interruptibly(call)
@@ -141,7 +142,6 @@ class Library:
             finally:
                 done.set()
 
-        self._dll.cek_stop(0)
         try:
             threading.Thread(target=work, name="cek-emulate-launch", daemon=True).start()
             while not done.wait(0.1):
