@@ -1,12 +1,14 @@
 """PyTorch front end: `cosine_embedding_loss` and `CosineEmbeddingLoss`, drop-in for torch's.
 
-Needs PyTorch (`pip install torch`, or `pip install '.[torch]'` from a checkout); `import cek` does not import torch, only `import cek.torch`.
+Needs PyTorch (`pip install torch`, or `pip install '.[torch]'` from a checkout); `import cek`
+does not import torch, only `import cek.torch`.
 
 The work runs in two custom ops (cek/torch/_ops.py), so torch.compile(fullgraph=True),
 torch.export and fake tensors see cek as one op each way. Inputs follow torch's rules: x1 and x2
 are promoted to their common float dtype (the loss comes back in it), integer and bool labels
-are taken as torch takes them, rows broadcast ((1, D) against (N, D), a (1,) target against N
-rows), and D = 0 gives torch's values.
+are taken as torch takes them, margins are what torch takes (NaN and infinities included), rows
+broadcast ((1, D) against (N, D), a (1,) target against N rows), and D = 0 gives torch's
+values.
 
 CUDA tensors go to the GPU kernels without a copy (DLPack), on the tensor's device and
 `torch.cuda.current_stream()` there, never reading a value back to the host. In eager mode,
@@ -25,8 +27,9 @@ CPU tensors go through cek.functional's NumPy path: float16 and float32 are accu
 float32, float64 in float64, bfloat16 (which NumPy lacks) is computed in float32 and cast back.
 
 With create_graph=True, under torch.func transforms (vmap, jvp, grad), inside a forward-mode AD
-dual level, for D = 0 and on devices other than CPU and CUDA, the same semantics run as torch
-operations (cek/torch/_composite.py), which autograd and the transforms can see through.
+dual level, for D = 0, for a NaN or infinite margin and on devices other than CPU and CUDA,
+the same semantics run as torch operations (cek/torch/_composite.py), which autograd and the
+transforms can see through.
 
 Under torch.autocast, float16 and bfloat16 inputs are cast to float32 and the loss comes out
 float32, as torch's own autocast policy does for cosine_embedding_loss.
@@ -34,8 +37,7 @@ float32, as torch's own autocast policy does for cosine_embedding_loss.
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
@@ -84,8 +86,9 @@ class CosineEmbeddingLoss(torch.nn.Module):
         super().__init__()
         if size_average is not None or reduce is not None:
             reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-        self.margin = validate.check_margin(margin)
-        self.reduction = validate.check_reduction(reduction)
+        _margin(margin)  # what torch would refuse at the first call is refused here
+        _reduction(reduction, warn=False)
+        self.margin, self.reduction = margin, reduction  # as torch's module keeps them
 
     def forward(self, input1, input2, target):
         return cosine_embedding_loss(input1, input2, target, self.margin, reduction=self.reduction)
@@ -148,9 +151,8 @@ def _check(input1, input2, target, margin, reduction):
             if len(_plans) >= _MAX_PLANS:
                 _plans.clear()
             _plans[key] = plan
-    margin = margin if type(margin) is float and math.isfinite(margin) else \
-        validate.check_margin(margin)
-    reduction = validate.check_reduction(reduction)
+    margin = margin if type(margin) is float else _margin(margin)  # (symbolic when compiled)
+    reduction = _reduction(reduction)
     dtype, shape, rows, expand = plan
     if input1.dtype != dtype:
         input1 = input1.to(dtype)
@@ -161,6 +163,35 @@ def _check(input1, input2, target, margin, reduction):
     if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
         target = target.to(torch.uint8)
     return input1, input2, target, margin, reduction
+
+
+def _margin(margin):
+    """The margin as a float, taking what torch's loss takes: a Python or NumPy real number
+    (bool included; NaN and the infinities too, which torch computes with), or a 0-d tensor
+    that does not require grad. A tensor's value is read on the host, so it must be a CPU
+    tensor here: reading a CUDA one would wait for the device on every call (torch does)."""
+    if isinstance(margin, torch.Tensor):
+        if margin.dim() != 0 or margin.requires_grad:
+            raise TypeError(f"margin must be a float or a 0-d tensor that does not require "
+                            f"grad, got a tensor of shape {tuple(margin.shape)}"
+                            f"{' that requires grad' if margin.requires_grad else ''}")
+        if margin.device.type != "cpu":
+            raise TypeError(f"a tensor margin must be on the CPU, got one on {margin.device}: "
+                            f"its value is read on the host, which waits for the device")
+        return float(margin)
+    if not isinstance(margin, (int, float, np.integer, np.floating, np.bool_, torch.SymInt,
+                               torch.SymFloat)):
+        raise TypeError(f"margin must be a float, got {type(margin).__name__} {margin!r}")
+    return torch.sym_float(margin)  # an int beyond float's range: OverflowError, as in torch
+
+
+def _reduction(reduction, warn=True):
+    """The reduction's name; torch's old "elementwise_mean" is "mean", with torch's warning."""
+    if reduction == "elementwise_mean":
+        if warn:
+            torch.nn._reduction.get_enum(reduction)
+        return "mean"
+    return validate.check_reduction(reduction)
 
 
 _plans: dict[tuple, tuple] = {}

@@ -20,6 +20,8 @@ composite torch formula instead, so it can itself be differentiated.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -59,6 +61,8 @@ def _loss_shape(x1, reduction):
 
 def loss(x1, x2, target, margin, reduction):
     """The loss op's implementation on CPU and CUDA tensors."""
+    if not math.isfinite(margin):  # torch computes with these; cek's kernels and CPU path don't
+        return _composite.loss(x1, x2, target, margin, reduction)
     if x1.is_cuda:
         return _cuda.forward(x1, x2, target, margin, reduction)
     (a, how), (b, _) = _rows(x1), _rows(x2)
@@ -80,6 +84,8 @@ def _(x1, x2, target, margin, reduction):
 
 def backward(grad, x1, x2, target, margin, reduction):
     """The backward op's implementation on CPU and CUDA tensors."""
+    if not math.isfinite(margin):
+        return _composite.gradients(grad, x1, x2, target, margin, reduction)
     if x1.is_cuda:
         return _cuda.backward(grad, x1, x2, target, margin, reduction)
     (a, how), (b, _) = _rows(x1), _rows(x2)
@@ -139,7 +145,7 @@ class Eager(torch.autograd.Function):
         upstream gradient is not that (docs/torch.md)."""
         inputs = (x1, x2, target, margin, reduction)
         _setup_context(ctx, inputs, None)
-        if not fuse:
+        if not fuse or not math.isfinite(margin):
             return loss(*inputs)
         result, ctx.fused = _cuda.fused_forward(*inputs)
         return result

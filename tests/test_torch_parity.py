@@ -1,0 +1,221 @@
+"""cek.torch against torch's own loss where the two once parted: what torch's loss takes,
+cek.torch takes, and it gives what torch gives.
+
+- Margins as torch takes them (0-d tensors, bools, NumPy scalars, NaN, the infinities), what it
+  refuses refused with its exception type; reduction="elementwise_mean" with torch's warning.
+- torch.compile(fullgraph=True) with a margin that changes from call to call, and several
+  loss heads in one compiled function.
+
+On CPU tensors, and on the CUDA path through the CuPy stand-in (tests/fake_cupy.py) where that
+path differs: the eager autograd.Function (fused kernel, then keep kernel) and the custom ops.
+"""
+
+import fractions
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import cek.torch as ct  # noqa: E402
+from oracle import TORCH_TOLERANCES  # noqa: E402
+from test_gpu_glue import standin  # noqa: E402,F401  (the fixture `cuda` needs it)
+from test_torch_cuda_glue import CudaLike, cuda  # noqa: E402,F401
+
+F = torch.nn.functional
+REDUCTIONS = ["none", "mean", "sum"]
+TARGET = [1, -1, 0, 2, 1, -1, -1, 1]  # labels 0 and 2: no loss, no gradient
+# (rtol, atol) per dtype of the computation, for losses and gradients alike.
+TOLERANCES = {getattr(torch, name): tol for name, tol in TORCH_TOLERANCES.items()}
+# The paths a step can take: cek's CPU path (float64 here), and on tensors that claim CUDA
+# (float32, the kernels run by the emulator) the eager autograd.Function or the custom ops.
+PATHS = ["cpu", pytest.param("cuda eager", marks=pytest.mark.emulator),
+         pytest.param("cuda op", marks=pytest.mark.emulator)]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch):
+    if request.param != "cpu":
+        request.getfixturevalue("cuda")
+        if request.param == "cuda eager":  # the eager route takes only plain tensors
+            monkeypatch.setattr(ct, "_PLAIN", (*ct._PLAIN, CudaLike))
+    return request.param
+
+
+def _dtype(path):
+    return torch.float64 if path == "cpu" else torch.float32
+
+
+def _inputs(n=8, d=9, seed=0):
+    """float64 rows whose cosines are mostly above the margins used here, so that rows of label
+    -1 have a loss and a gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x1 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return x1, x1 + 0.5 * torch.randn(n, d, generator=g, dtype=torch.float64)
+
+
+def _on(path, tensor):
+    """`tensor` as the path takes it: plain on the CPU, claiming CUDA on the others."""
+    return tensor if path == "cpu" else tensor.as_subclass(CudaLike)
+
+
+def _leaf(path, x, dtype):
+    return _on(path, x.detach().to(dtype).clone()).requires_grad_()
+
+
+def _weights(loss):
+    """An upstream gradient that is not 1 (which the eager CUDA step keeps from its forward)."""
+    return torch.linspace(0.5, 2.0, loss.numel(), dtype=loss.dtype).reshape(loss.shape)
+
+
+def _step(loss_fn, path, x1, x2, target, *args, dtype=None, between=None, **kwargs):
+    """(loss, dx1, dx2) of a forward and a backward on new leaves of `dtype` (the path's own by
+    default); `between()` runs between the two."""
+    a1, a2 = (_leaf(path, x, dtype or _dtype(path)) for x in (x1, x2))
+    loss = loss_fn(a1, a2, target, *args, **kwargs)
+    if between is not None:
+        between()
+    (loss * _weights(loss)).sum().backward()
+    return [t.detach().as_subclass(torch.Tensor) for t in (loss, a1.grad, a2.grad)]
+
+
+def _torchs(x1, x2, target, *args, dtype=torch.float64, between=None, **kwargs):
+    """_step of torch's loss on plain CPU tensors."""
+    return _step(F.cosine_embedding_loss, "cpu", x1, x2, target, *args, dtype=dtype,
+                 between=between, **kwargs)
+
+
+def _close(ours, theirs, dtype):
+    rtol, atol = TOLERANCES[dtype]
+    for got, want in zip(ours, theirs):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol,
+                                   equal_nan=True)
+
+
+# -- margins and reductions --------------------------------------------------------------------
+
+MARGINS_TAKEN = [0.5, -1, True, False, math.nan, math.inf, -math.inf, np.float32(0.25),
+                 np.float16(-0.5), np.int64(-1), np.bool_(True), torch.tensor(0.5),
+                 torch.tensor(-1), torch.tensor(True), torch.tensor(0.25, dtype=torch.float64),
+                 torch.tensor(math.nan), torch.tensor(-math.inf)]
+MARGINS_REFUSED = ["0.5", None, 0.5 + 0j, fractions.Fraction(1, 2), 2 ** 2000,
+                   torch.tensor([0.5]), torch.tensor(0.5, requires_grad=True), np.array(0.5),
+                   torch.tensor(0.5 + 1j)]
+
+
+@pytest.mark.parametrize("margin", MARGINS_TAKEN, ids=repr)
+def test_margins_torch_takes(path, margin):
+    """cek refused a 0-d tensor, True, NaN and +-inf (torch computes with them: a NaN margin
+    gives NaN for the rows of label -1; +inf no loss; -inf an infinite one)."""
+    x1, x2 = _inputs(seed=7)
+    target = torch.tensor(TARGET)
+    for reduction in REDUCTIONS:
+        theirs = _torchs(x1.to(_dtype(path)), x2.to(_dtype(path)), target, margin,
+                         reduction=reduction)
+        ours = _step(ct.cosine_embedding_loss, path, x1, x2, _on(path, target), margin,
+                     reduction=reduction)
+        _close(ours, theirs, _dtype(path))
+        module = _step(ct.CosineEmbeddingLoss(margin, reduction=reduction), path, x1, x2,
+                       _on(path, target))
+        _close(module, theirs, _dtype(path))
+
+
+@pytest.mark.parametrize("margin", MARGINS_REFUSED, ids=repr)
+def test_margins_torch_refuses(margin):
+    """The exception type torch raises (at the call; cek's module raises at construction)."""
+    x1, x2 = (x.float() for x in _inputs())
+    target = torch.tensor(TARGET)
+    with pytest.raises(Exception) as theirs:
+        F.cosine_embedding_loss(x1, x2, target, margin)
+    with pytest.raises(theirs.type):
+        ct.cosine_embedding_loss(x1, x2, target, margin)
+    with pytest.raises(theirs.type):
+        ct.CosineEmbeddingLoss(margin)(x1, x2, target)
+
+
+def test_elementwise_mean_as_torch():
+    """torch's old name for "mean", taken with torch's warning (cek raised a ValueError)."""
+    x1, x2 = _inputs(seed=8)
+    target = torch.tensor(TARGET)
+    results, caught = [], []
+    for fn in (F.cosine_embedding_loss, ct.cosine_embedding_loss,
+               torch.nn.CosineEmbeddingLoss(reduction="elementwise_mean"),
+               ct.CosineEmbeddingLoss(reduction="elementwise_mean")):
+        kwargs = {"reduction": "elementwise_mean"} if not isinstance(fn, torch.nn.Module) else {}
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            results.append(_step(fn, "cpu", x1, x2, target, **kwargs))
+        caught.append([(w.category, str(w.message)) for w in seen])
+    assert caught[0] and all(c == caught[0] for c in caught), caught
+    for ours in results[1:]:
+        _close(ours, results[0], torch.float64)
+    _close(results[0], _torchs(x1, x2, target, reduction="mean"), torch.float64)
+    assert ct.CosineEmbeddingLoss(reduction="elementwise_mean").reduction == "elementwise_mean"
+
+
+# -- torch.compile: a margin that changes ------------------------------------------------------
+
+
+def _compiled_margins(loss_fn, module_class, how, dynamic):
+    """Five calls of one compiled function (fullgraph=True), each with another margin, given
+    `how`: as an argument, as a schedule setting a module's margin, or as a new module per
+    call. (the losses, the frames dynamo compiled)."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    module = module_class(margin=0.0)
+    steps = {
+        "argument": lambda a, b, t, m: loss_fn(a, b, t, m),
+        "schedule": lambda a, b, t, m: module(a, b, t),
+        "module per call": lambda a, b, t, m: m(a, b, t),
+    }
+    step = torch.compile(steps[how], fullgraph=True, dynamic=dynamic, backend=counter)
+    x1, x2 = _inputs(seed=9)
+    target = torch.tensor(TARGET)
+    losses = []
+    for margin in (0.1, 0.2, -0.3, 0.5, 0.25):
+        if how == "schedule":
+            module.margin = margin
+        arg = module_class(margin=margin) if how == "module per call" else margin
+        losses.append(_step(step, "cpu", x1, x2, target, arg))
+    return losses, counter.frame_count
+
+
+@pytest.mark.parametrize("how", ["argument", "schedule", "module per call"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_compiled_margin_changes_like_torchs(how, dynamic):
+    """cek's margin check ran math.isfinite on what dynamo now makes a symbolic float: the
+    second margin (or with dynamic=True the first) raised Unsupported under fullgraph=True.
+    Now no graph break, torch's values, and no more compiled frames than torch's loss needs."""
+    ours, our_frames = _compiled_margins(ct.cosine_embedding_loss, ct.CosineEmbeddingLoss,
+                                         how, dynamic)
+    theirs, their_frames = _compiled_margins(F.cosine_embedding_loss,
+                                             torch.nn.CosineEmbeddingLoss, how, dynamic)
+    for got, want in zip(ours, theirs):
+        _close(got, want, torch.float64)
+    assert our_frames <= their_frames, (our_frames, their_frames)
+
+
+def test_compiled_loss_heads_of_different_margins():
+    """Two loss heads of different margins in one compiled step: one graph."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    heads = [ct.CosineEmbeddingLoss(margin=0.1), ct.CosineEmbeddingLoss(margin=-0.2,
+                                                                         reduction="sum")]
+    twins = [torch.nn.CosineEmbeddingLoss(margin=0.1),
+             torch.nn.CosineEmbeddingLoss(margin=-0.2, reduction="sum")]
+    x1, x2 = _inputs(seed=10)
+    target = torch.tensor(TARGET)
+
+    def step(losses):
+        return lambda a, b, t: losses[0](a, b, t) + 0.5 * losses[1](b, a, t)
+
+    ours = _step(torch.compile(step(heads), fullgraph=True, backend=counter), "cpu", x1, x2,
+                 target)
+    _close(ours, _step(step(twins), "cpu", x1, x2, target), torch.float64)
+    assert counter.frame_count == 1
