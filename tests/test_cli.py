@@ -542,11 +542,26 @@ def test_ctrl_c_during_a_command_is_one_line_and_exit_130(tmp_path):
     assert proc.stderr == "Error: interrupted\n"
 
 
-@pytest.mark.xfail(strict=True, reason="the `cek` command imports the cek package (numpy, the "
-                   "kernels) before cek.cli can catch anything: its entry point has to catch the "
-                   "interrupt around a light `import cek`")
+@pytest.mark.xfail(strict=True, reason="`import cek` imports numpy and the kernel classes before "
+                   "the entry point, cek.__main__.run, can catch anything; a light `import cek` "
+                   "needs kernel_classes() to import the kernel modules it lists")
 def test_ctrl_c_while_cek_itself_is_imported_is_one_line_and_exit_130(tmp_path):
     # cek.kernel is imported by `import cek`, before a line of cek.cli has run.
     proc = _interrupted_while_importing("cek.kernel", ["list"], tmp_path)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "Error: interrupted\n"
+
+
+def test_ctrl_c_while_the_command_line_is_imported_is_one_line_and_exit_130(tmp_path):
+    # cek.cli (click, cek.check, cek.compile) is imported by the entry point, cek.__main__.run.
+    proc = _interrupted_while_importing("cek.cli", ["list"], tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "Error: interrupted\n"
+
+
+def test_python_m_cek_is_the_cek_command():
+    # Both start in cek.__main__.run, which reports an interrupt during the imports above.
+    done = subprocess.run([sys.executable, "-m", "cek", "list", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [row["kernel"] for row in json.loads(done.stdout)] == KERNEL_NAMES
