@@ -1,6 +1,10 @@
 """cek.torch against torch's own loss where the two once parted: what torch's loss takes,
 cek.torch takes, and it gives what torch gives.
 
+- Labels of every integer and bool dtype, read as torch reads them: torch compares
+  `target == 1` and `target == -1` in the target's dtype, where -1 is 255 in uint8.
+- The labels a backward reads: made under torch.inference_mode, or refilled in place between
+  forward and backward (a label buffer a data loader reuses).
 - Margins as torch takes them (0-d tensors, bools, NumPy scalars, NaN, the infinities), what it
   refuses refused with its exception type; reduction="elementwise_mean" with torch's warning.
 - torch.compile(fullgraph=True) with a margin that changes from call to call, and several
@@ -92,6 +96,112 @@ def _close(ours, theirs, dtype):
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol,
                                    equal_nan=True)
+
+
+# -- labels: torch's comparison in the target's dtype ------------------------------------------
+
+LABEL_DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+                torch.uint16, torch.uint32, torch.uint64]
+# As stored in each dtype: -1 is 255 in uint8 (and the largest value of every unsigned type),
+# 255 is -1 in int8, and every non-zero value is True.
+LABEL_VALUES = [1, -1, 0, 2, -2, 255, 1, -1]
+
+
+@pytest.mark.parametrize("dtype", LABEL_DTYPES, ids=str)
+def test_integer_and_bool_labels_as_torch_compares_them(dtype):
+    """A uint8 label of 255 is a negative pair in torch's loss (`target == -1` in uint8): it
+    has a loss and a gradient, which cek gave as 0 (torch.tensor([1, -1]).to(torch.uint8):
+    mean 0.6389 where torch gives 0.9080)."""
+    x1, x2 = _inputs()
+    target = torch.tensor(LABEL_VALUES).to(dtype)
+    for reduction in REDUCTIONS:
+        theirs = _torchs(x1, x2, target, 0.1, reduction=reduction)
+        _close(_step(ct.cosine_embedding_loss, "cpu", x1, x2, target, 0.1,
+                     reduction=reduction), theirs, torch.float64)
+    rows = _torchs(x1, x2, target, 0.1, reduction="none")[0]
+    assert (rows[target == -1] > 0).all()  # the rows torch takes as -1 have a loss here
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_labels_as_torch_compares_them(dtype):
+    """torch compares complex labels too (cek refused them): only 1 and -1 with no imaginary
+    part are labels."""
+    x1, x2 = _inputs()
+    target = torch.tensor([1, -1, 1j, 1 + 1e-12j, -1 + 1j, 0, 2, -1], dtype=dtype)
+    for reduction in REDUCTIONS:
+        _close(_step(ct.cosine_embedding_loss, "cpu", x1, x2, target, 0.1, reduction=reduction),
+               _torchs(x1, x2, target, 0.1, reduction=reduction), torch.float64)
+
+
+@pytest.mark.emulator
+@pytest.mark.parametrize("route", ["cuda eager", "cuda op"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.bool, torch.int64], ids=str)
+def test_integer_and_bool_labels_on_the_cuda_path(cuda, monkeypatch, route, dtype):
+    if route == "cuda eager":
+        monkeypatch.setattr(ct, "_PLAIN", (*ct._PLAIN, CudaLike))
+    x1, x2 = _inputs()
+    target = torch.tensor(LABEL_VALUES).to(dtype)
+    for reduction in REDUCTIONS:
+        ours = _step(ct.cosine_embedding_loss, route, x1, x2, _on(route, target), 0.1,
+                     reduction=reduction)
+        theirs = _torchs(x1.float(), x2.float(), target, 0.1, reduction=reduction)
+        _close(ours, theirs, torch.float32)
+    assert any("fused" in i for i in cuda.ids()) == (route == "cuda eager")
+
+
+# -- the labels the backward reads -------------------------------------------------------------
+
+REFILL = [-1, 1, 1, -1, 0, 0, 1, 1]  # the next batch's labels in the same buffer
+
+
+@pytest.mark.parametrize("label_dtype", [torch.float32, torch.float64, torch.int64,
+                                         torch.uint8], ids=str)
+def test_labels_made_under_inference_mode(path, label_dtype):
+    """Labels a data pipeline made under torch.inference_mode: torch's loss trains with them;
+    cek raised "Inference tensors cannot be saved for backward"."""
+    with torch.inference_mode():
+        target = torch.tensor(TARGET).to(label_dtype)
+    x1, x2 = _inputs(seed=1)
+    for reduction in REDUCTIONS:
+        ours = _step(ct.cosine_embedding_loss, path, x1, x2, _on(path, target), 0.2,
+                     reduction=reduction)
+        theirs = _torchs(x1.to(_dtype(path)), x2.to(_dtype(path)), target, 0.2,
+                         reduction=reduction)
+        _close(ours, theirs, _dtype(path))
+
+
+@pytest.mark.parametrize("label_dtype", [torch.float32, torch.float64, torch.int64,
+                                         torch.uint8], ids=str)
+def test_labels_refilled_in_place_before_the_backward(path, label_dtype):
+    """A label buffer refilled with the next batch between forward and backward: torch's
+    backward uses the labels of its forward (it saves its comparisons, not the target); cek
+    raised "modified by an inplace operation" (and must not read the new labels either)."""
+    x1, x2 = _inputs(seed=2)
+    refill = torch.tensor(REFILL).to(label_dtype)
+    for reduction in REDUCTIONS:
+        buffers = [torch.tensor(TARGET).to(label_dtype) for _ in range(2)]
+        ours = _step(ct.cosine_embedding_loss, path, x1, x2, _on(path, buffers[0]), 0.2,
+                     reduction=reduction, between=lambda: buffers[0].copy_(refill))
+        theirs = _torchs(x1.to(_dtype(path)), x2.to(_dtype(path)), buffers[1], 0.2,
+                         reduction=reduction, between=lambda: buffers[1].copy_(refill))
+        _close(ours, theirs, _dtype(path))
+
+
+def test_compiled_step_with_refilled_and_inference_labels():
+    """The same two cases through torch.compile (AOTAutograd's saved tensors)."""
+    torch._dynamo.reset()
+    x1, x2 = _inputs(seed=3)
+    results = []
+    for loss_fn in (ct.cosine_embedding_loss, F.cosine_embedding_loss):
+        step = torch.compile(lambda a, b, t, fn=loss_fn: fn(a, b, t, 0.2), fullgraph=True,
+                             backend="aot_eager")
+        buffer = torch.tensor(TARGET, dtype=torch.float64)
+        with torch.inference_mode():
+            made = torch.tensor(TARGET)
+        results.append(
+            _step(step, "cpu", x1, x2, buffer, between=lambda b=buffer: b.fill_(1))
+            + _step(step, "cpu", x1, x2, made))
+    _close(*results, torch.float64)
 
 
 # -- margins and reductions --------------------------------------------------------------------

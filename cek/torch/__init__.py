@@ -5,8 +5,8 @@ does not import torch, only `import cek.torch`.
 
 The work runs in two custom ops (cek/torch/_ops.py), so torch.compile(fullgraph=True),
 torch.export and fake tensors see cek as one op each way. Inputs follow torch's rules: x1 and x2
-are promoted to their common float dtype (the loss comes back in it), integer and bool labels
-are taken as torch takes them, margins are what torch takes (NaN and infinities included), rows
+are promoted to their common float dtype (the loss comes back in it), labels of any dtype are
+read as torch compares them, margins are what torch takes (NaN and infinities included), rows
 broadcast ((1, D) against (N, D), a (1,) target against N rows), and D = 0 gives torch's
 values.
 
@@ -72,7 +72,9 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
         # torch's autocast runs this loss in float32 (and leaves float64 alone); casting each
         # input on its own also accepts the mixed float32/bfloat16 pairs autocast produces.
         input1, input2 = (t.float() if t.dtype in _HALVES else t for t in (input1, input2))
-    input1, input2, target, margin, reduction = _check(input1, input2, target, margin, reduction)
+    keep = torch.is_grad_enabled() and (input1.requires_grad or input2.requires_grad)
+    input1, input2, target, margin, reduction = _check(input1, input2, target, margin, reduction,
+                                                       keep)
     if autocast:
         with torch.autocast(device_type=device_type, enabled=False):
             return _apply(input1, input2, target, margin, reduction, device_type)
@@ -132,13 +134,14 @@ def _transformed(*tensors) -> bool:  # input1, input2, target
     return wrapped(tensors[0]) or wrapped(tensors[1]) or wrapped(tensors[2])
 
 
-def _check(input1, input2, target, margin, reduction):
-    """Every check on tensors, before any work, and torch's promotion and broadcasting:
-    (input1, input2, target, margin as float, reduction). What the tensors' checks decide
-    depends only on their dtypes, shapes and devices (and torch's default dtype, for integer
-    inputs): it is worked out in full for the first call of each and found after that (_plan),
-    as a training loop passes the same few step after step. Not under torch.compile, which
-    turns the checks into guards of its own and would guard on the memo too."""
+def _check(input1, input2, target, margin, reduction, keep):
+    """Every check on tensors, before any work, torch's promotion and broadcasting and its
+    reading of the labels: (input1, input2, labels, margin as float, reduction). `keep`: a
+    backward will read the labels (_labels). What the tensors' checks decide depends only on
+    their dtypes, shapes and devices (and torch's default dtype, for integer inputs): it is
+    worked out in full for the first call of each and found after that (_plan), as a training
+    loop passes the same few step after step. Not under torch.compile, which turns the checks
+    into guards of its own and would guard on the memo too."""
     if torch.compiler.is_compiling():
         plan = _plan(input1, input2, target)
     else:
@@ -158,10 +161,9 @@ def _check(input1, input2, target, margin, reduction):
         input1 = input1.to(dtype)
     if input2.dtype != dtype:
         input2 = input2.to(dtype)
+    target = _labels(target, dtype, keep)
     if expand:
         input1, input2, target = input1.expand(shape), input2.expand(shape), target.expand(rows)
-    if target.dtype == torch.bool:  # True is label 1, False label 0, as torch compares them
-        target = target.to(torch.uint8)
     return input1, input2, target, margin, reduction
 
 
@@ -194,6 +196,29 @@ def _reduction(reduction, warn=True):
     return validate.check_reduction(reduction)
 
 
+_SIGNED = {torch.uint8: torch.int8, torch.uint16: torch.int16, torch.uint32: torch.int32,
+           torch.uint64: torch.int64}
+
+
+def _labels(target, dtype, keep):
+    """The labels as cek reads them: a row is label 1 or -1 exactly where torch's loss finds it
+    so, comparing `target == 1` and `target == -1` in the target's own dtype (where -1 is the
+    largest value of an unsigned type, 255 in uint8, and no bool equals -1). They come in the
+    inputs' accumulation dtype (float32, or float64 for float64 inputs), which the kernels read.
+    `keep`: a backward will read them. They are then never the caller's tensor, as torch's
+    backward saves its comparisons, not the target: a label buffer refilled in place before the
+    backward, or labels made under torch.inference_mode (which autograd cannot save), work."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if target.dtype == acc:
+        return target.clone(memory_format=torch.contiguous_format) if keep else target
+    if target.dtype == torch.float64 or target.is_complex():  # float32 could round 1 + 1e-12
+        # to label 1; a complex label is +-1 only with no imaginary part
+        return torch.where(target == 1, 1.0, torch.where(target == -1, -1.0, 0.0)).to(acc)
+    if target.dtype in _SIGNED:
+        target = target.view(_SIGNED[target.dtype])
+    return target.to(acc)  # exact for every +-1 (bool: 1 or 0)
+
+
 _plans: dict[tuple, tuple] = {}
 _MAX_PLANS = 1024  # a loop passes a few signatures; a bound for one whose shapes keep changing
 
@@ -205,8 +230,6 @@ def _plan(input1, input2, target):
     for name, value in (("input1", input1), ("input2", input2)):
         if value.is_complex():
             raise TypeError(f"{name} must have a real or bool dtype, got {value.dtype}")
-    if target.is_complex():
-        raise TypeError(f"target must have a real or bool dtype, got {target.dtype}")
     device = input1.device
     for name, value in (("input2", input2), ("target", target)):
         if value.device != device:

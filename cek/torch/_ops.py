@@ -1,12 +1,15 @@
 """cek's work as PyTorch custom ops (namespace `cek`): what torch.compile, torch.export, fake
 tensors and opcheck see. Inputs reach them already checked, promoted and broadcast by
-cek.torch: x1, x2 (N, D) or (D,) of one float dtype, target (N,) or () of a real dtype.
+cek.torch: x1, x2 (N, D) or (D,) of one float dtype, target (N,) or () of labels (a row is
+label 1 or -1 where its value is 1 or -1; cek.torch turns torch's labels of any dtype into such
+values).
 
 - cek::cosine_embedding_loss(x1, x2, target, margin, reduction) -> loss
 - cek::cosine_embedding_loss_backward(grad, x1, x2, target, margin, reduction) -> (dx1, dx2)
 
-The ops' forward saves x1, x2 and target (the caller's tensors: nothing new stays alive) and
-their backward runs cek's backward kernel for the grad_output it is given. This is what
+The ops' forward saves x1, x2 and target (nothing new stays alive but the labels where
+cek.torch made them) and their backward runs cek's backward kernel for the grad_output it is
+given. This is what
 torch.compile, export and fake tensors run.
 
 In eager mode cek.torch skips the dispatcher and calls the implementations through `Eager`, an
