@@ -6,6 +6,7 @@ from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
 from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
                                                CosineEmbeddingLossForwardRows)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek import gpu, reference
 from cek.functional import (
     cosine_embedding_loss,
@@ -42,6 +43,7 @@ __all__ = [
     "CosineEmbeddingLossForward",
     "CosineEmbeddingLossForwardRows",
     "CosineEmbeddingLossFused",
+    "CosineEmbeddingLossReduce",
     "Kernel",
     "__version__",
     "cosine_embedding_loss",

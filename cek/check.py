@@ -14,9 +14,7 @@ from typing import Callable
 import numpy as np
 
 from cek import dtypes, reference
-from cek.kernel import REDUCTION_ARGS, Kernel
-
-REDUCTION_NAMES = tuple(spec.name for spec in REDUCTION_ARGS)
+from cek.kernel import Kernel
 
 # Tolerances against the float64 reference, per (dtype, output kind): an output passes where
 # |got - want| <= rtol*|want| + atol*size. For a loss, size is 1 (c is a cosine, |c| <= 1). For a
@@ -43,9 +41,9 @@ TOLERANCES = {
     ("f16", "reduced"): (1e-3, 1e-5),
     ("bf16", "reduced"): (8e-3, 1e-5),
 }
-# "reduced": a kernel's mean or sum of the row losses, added in Acc and stored in T (rounded
-# once): the loss's tolerances, and for f16 and bf16 half an ulp of T in rtol, as for a
-# gradient. Its size is 1 for a mean and N for a sum (each row's error adds up).
+# "reduced": the mean or sum of the row losses (cosine_embedding_loss_reduce), added in Acc and
+# stored in T (rounded once): the loss's tolerances, and for f16 and bf16 half an ulp of T in
+# rtol, as for a gradient. Its size is 1 for a mean and N for a sum (each row's error adds up).
 
 LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2 are not +-1: loss and gradient 0, as in PyTorch
 
@@ -70,17 +68,7 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
 
 
 def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
-    """Float64 reference outputs of `kernel` by output name, and the size each is judged by;
-    with inputs["reduction"] (build_args's option) the reduced loss too."""
-    want, size = _expected_rows(kernel, inputs, margin)
-    if inputs.get("reduction") is not None:
-        n_rows = inputs["x1"].shape[0]
-        want["reduced"] = np.asarray(expected_reduced(inputs, margin))
-        size["reduced"] = np.asarray(1.0 if inputs["reduction"] == "mean" else float(n_rows))
-    return want, size
-
-
-def _expected_rows(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
+    """Float64 reference outputs of `kernel` by output name, and the size each is judged by."""
     dtype = inputs.get("dtype", "f32")
     x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
     y, dy, scale = inputs["y"], inputs.get("dy"), inputs.get("scale", 1.0)
@@ -106,36 +94,14 @@ def expected_reduced(inputs: dict, margin: float) -> float:
     return float(loss.mean() if inputs["reduction"] == "mean" else loss.sum())
 
 
-def _reduction_arg(kernel: Kernel, spec, inputs: dict, xp):
-    """A REDUCTION_ARGS argument: None (scale 1) unless inputs["reduction"] is "mean" or "sum";
-    then zeroed partials and counter, and a NaN-filled 0-d reduced."""
-    reduction = inputs.get("reduction")
-    n_rows, n_dim = inputs["x1"].shape
-    if spec.name == "reduction_scale":
-        return 1.0 / n_rows if reduction == "mean" else 1.0
-    if reduction is None:
-        return None
-    if spec.name == "partials":
-        blocks = kernel.launch_config(n_rows, n_dim)[0][0]
-        return xp.zeros(blocks, kernel.arg_dtype(spec))
-    if spec.name == "counter":
-        return xp.zeros((), np.uint32)
-    return dtypes.nan_filled((), kernel.dtype, xp)
-
-
 def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tuple, dict]:
     """Launch args in the kernel's order, with NaN-filled outputs (returned by name too) made
-    by the array module `xp` (CuPy for outputs on the device). A kernel's reduced loss is asked
-    for with inputs["reduction"] = "mean" or "sum" (its output is `reduced`)."""
+    by the array module `xp` (CuPy for outputs on the device)."""
     n_rows, n_dim = inputs["x1"].shape
     sizes = {"n_rows": n_rows, "n_dim": n_dim}
     outputs, args = {}, []
     for spec in kernel.args:
-        if spec.name in REDUCTION_NAMES:
-            args.append(_reduction_arg(kernel, spec, inputs, xp))
-            if spec.name == "reduced" and args[-1] is not None:
-                outputs[spec.name] = args[-1]
-        elif spec.output:
+        if spec.output:
             shape = [sizes[s] for s in spec.shape]
             if spec.ctype == "T*":
                 outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype, xp)

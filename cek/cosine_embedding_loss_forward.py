@@ -1,7 +1,7 @@
 """CosineEmbeddingLossForward: the Kernel for kernels/cosine_embedding_loss_forward.cu."""
 
 from cek.cosine_embedding_loss_backward import MATRIX, ROW
-from cek.kernel import REDUCTION_ARGS, Arg, Kernel, RowGroups
+from cek.kernel import Arg, Kernel, RowGroups
 
 
 class CosineEmbeddingLossForward(Kernel):
@@ -27,14 +27,9 @@ class CosineEmbeddingLossForward(Kernel):
 
 class CosineEmbeddingLossForwardRows(RowGroups, CosineEmbeddingLossForward):
     """The forward kernel with several rows per block where rows are narrow (float: n_dim <=
-    256); the same arguments and results, then the fused kernel's four of the reduced loss
-    (partials, counter, reduced, reduction_scale). Faster there, but its grid is not
-    [n_rows, 1, 1]."""
+    256); the same arguments and results. Faster there, but its grid is not [n_rows, 1, 1]."""
 
     name = "cosine_embedding_loss_forward_rows"
     short_name = "forward-rows"
     source_file = "cosine_embedding_loss_forward.cu"
     twin = CosineEmbeddingLossForward
-    # out may be None with the reduced loss: then nothing of size N is written.
-    args = tuple(Arg(a.name, a.ctype, a.shape, output=True, optional=True) if a.name == "out"
-                 else a for a in CosineEmbeddingLossForward.args) + REDUCTION_ARGS

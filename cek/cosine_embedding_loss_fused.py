@@ -1,7 +1,7 @@
 """CosineEmbeddingLossFused: the Kernel for kernels/cosine_embedding_loss_fused.cu."""
 
 from cek.cosine_embedding_loss_backward import MATRIX, ROW
-from cek.kernel import REDUCTION_ARGS, Arg, Kernel, RowGroups
+from cek.kernel import Arg, Kernel, RowGroups
 
 
 class CosineEmbeddingLossFused(RowGroups, Kernel):
@@ -10,8 +10,8 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
     The upstream gradient of row r is `scale * dy[r]`, or `scale` alone when dy is None: mean
     (scale = 1/n_rows) and sum (scale = 1) need no dy array. Rows of up to 64 chunks and 256
     elements (256 floats or halves, 128 doubles) run in row groups: a warp or less per row,
-    several rows per block. With the reduced loss (partials, counter, reduced) the per-row
-    `loss` may be None: then nothing of size N is written.
+    several rows per block. A mean or sum of the loss is a second launch, of
+    CosineEmbeddingLossReduce on the per-row `loss`.
     """
 
     name = "cosine_embedding_loss_fused"
@@ -23,13 +23,12 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
         Arg("y", "A*", ROW),
         Arg("dy", "A*", ROW, optional=True),
         Arg("scale", "A"),
-        Arg("loss", "A*", ROW, output=True, optional=True),  # None: the reduced loss alone
+        Arg("loss", "A*", ROW, output=True),
         Arg("dx1", "T*", MATRIX, output=True),
         Arg("dx2", "T*", MATRIX, output=True),
         Arg("n_rows", "int"),
         Arg("n_dim", "int"),
         Arg("margin", "A"),
-        *REDUCTION_ARGS,
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:

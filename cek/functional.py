@@ -9,10 +9,9 @@ CuPy arrays run the GPU kernels of their own dtype (float16, float32 or float64:
 reads half the bytes of a float32 one) on the inputs' device and CuPy's current stream there.
 float16 and float32 accumulate in float32, float64 in float64. The kernels take rows of up to
 2**20 elements (`Kernel.max_block_size`); longer rows are a ValueError on this path.
-mean and sum are the kernel's own: it adds the row losses in a fixed order (per-block partial
-sums, added in block order by the last block to finish) and writes the result in the inputs'
-dtype, so the result is the same bits on every run, from one launch (and a 4-byte memset of its
-counter).
+mean and sum are cek's own: a second launch, of one block, adds the per-row losses the first one
+wrote in an order fixed by the code (cosine_embedding_loss_reduce) and writes the result in the
+inputs' dtype, so the result is the same bits on every run and every GPU.
 
 NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in float64, and
 results come back in the input dtype.
@@ -41,6 +40,7 @@ from cek import cpu, dtypes, gpu, validate
 from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackwardRows
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 
 __all__ = [
     "cosine_embedding_loss",
@@ -176,7 +176,7 @@ def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
                                          out)
         else:
             rows, dx1, dx2 = _cupy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out)
-        # On a GPU the kernel reduced the rows itself (gpu_rows); NumPy rows are reduced here.
+        # On a GPU a kernel reduced the rows (gpu_rows); NumPy rows are reduced here.
         reduced = xp is not np and n > 0
         loss = None if not want_loss else rows if reduced else _reduce(xp, rows,
                                                                          problem.reduction)
@@ -293,22 +293,22 @@ def _direct(cupy, buffer, shape, dtype, inputs):
 
 def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads,
              dest=(None, None, None), reduction="none"):
-    """Launch the one kernel that gives what is wanted, on the current device and stream.
+    """Launch the kernel that gives what is wanted, on the current device and stream, and for a
+    mean or sum the kernel that reduces its per-row losses.
 
     x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as
     uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
     r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
     dtype). dest: buffers ([N] accumulation dtype, [N, D], [N, D] of x1's dtype) to write
     into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
-    for reduction "mean" or "sum" the loss is the kernel's reduced one, a 0-d array of x1's
-    dtype, and the per-row losses are written only into a dest[0] given (without one, the
-    kernel writes nothing of size N but the gradients).
+    for reduction "mean" or "sum" the loss is a 0-d array of x1's dtype, reduced from the
+    per-row losses (written into dest[0] where one is given).
     """
     cupy = gpu.require_cupy()
     n, d = x1.shape
     acc = dtypes.get(dtype).acc
     loss, dx1, dx2 = dest
-    if want_loss and loss is None and reduction not in ("mean", "sum"):
+    if want_loss and loss is None:
         loss = cupy.empty(n, dtype=acc)
     if want_grads:
         dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1
@@ -316,18 +316,16 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
     if not want_grads:
         kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
-        extra, reduced = _reduction_args(cupy, kernel, n, d, x1.dtype, reduction)
-        gpu.launch(kernel, x1, x2, y, loss, n, d, margin, *extra)
-        return loss if reduced is None else reduced, None, None
+        gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
+        return _reduced(cupy, loss, x1.dtype, dtype, reduction), None, None
     if dy is not None:
         per_row = cupy.empty(n, dtype=acc)
         per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
         dy = per_row
     if want_loss:
         kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-        extra, reduced = _reduction_args(cupy, kernel, n, d, x1.dtype, reduction)
-        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin, *extra)
-        return loss if reduced is None else reduced, dx1, dx2
+        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
+        return _reduced(cupy, loss, x1.dtype, dtype, reduction), dx1, dx2
     # The backward kernel has no scale argument: fold it into dy.
     dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
     kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
@@ -335,15 +333,13 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     return None, dx1, dx2
 
 
-def _reduction_args(cupy, kernel, n, d, dtype, reduction):
-    """(partials, counter, reduced, reduction_scale) for `kernel`, and the 0-d `reduced` array
-    the kernel writes the mean or sum into (None, with null pointers, for "none"). The counter
-    is zeroed here (a 4-byte memset) rather than cached: kernels on two streams at once must not
-    share one."""
+def _reduced(cupy, rows, array_dtype, dtype, reduction):
+    """The per-row losses `rows` for "none"; for "mean" and "sum" the 0-d array of x1's dtype
+    (`array_dtype`) that cosine_embedding_loss_reduce writes from them, in a fixed order."""
     if reduction not in ("mean", "sum"):
-        return (None, None, None, 1.0), None
-    blocks = kernel.launch_config(n, d)[0][0]
-    partials = cupy.empty(blocks, dtype=dtypes.get(kernel.dtype).acc)
-    reduced = cupy.empty((), dtype=dtype)
-    scale = 1.0 / n if reduction == "mean" else 1.0
-    return (partials, cupy.zeros((), dtype=cupy.uint32), reduced, scale), reduced
+        return rows
+    n = rows.shape[0]
+    reduced = cupy.empty((), dtype=array_dtype)
+    gpu.launch(CosineEmbeddingLossReduce.for_dtype(dtype), rows, reduced, n,
+               1.0 / n if reduction == "mean" else 1.0)
+    return reduced

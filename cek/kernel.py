@@ -38,9 +38,7 @@ class Arg:
     `ctype` is "int", or written in the kernel's element type T and accumulation type A
     ("T*", "A*", "A"); `Kernel.c_type` and `Kernel.arg_dtype` resolve them for one dtype.
     `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
-    An `optional` pointer may be None, which the kernel sees as nullptr. A `per_block` pointer
-    holds one element per block of the launch (a workspace: [grid x] of launch_config), and
-    "unsigned*" points to uint32.
+    An `optional` pointer may be None, which the kernel sees as nullptr.
     """
 
     name: str
@@ -48,7 +46,6 @@ class Arg:
     shape: tuple[str, ...] = ()
     output: bool = False
     optional: bool = False
-    per_block: bool = False
 
     @functools.cached_property  # asked several times per argument on every launch
     def is_pointer(self) -> bool:
@@ -72,17 +69,6 @@ def _is_int(value: Any) -> bool:
 
 
 _REGISTRY: dict[str, type["Kernel"]] = {}
-
-# The in-kernel reduced loss (cek_reduce_loss in kernels/cek_row.cuh): the fused kernel and the
-# forward row groups take these four last. partials = None: no reduction.
-REDUCTION_POINTERS = ("partials", "counter", "reduced")
-REDUCTION_ARGS = (
-    Arg("partials", "A*", optional=True, per_block=True),
-    Arg("counter", "unsigned*", optional=True),
-    Arg("reduced", "T*", optional=True),  # written, but not always: cek.check names it
-    Arg("reduction_scale", "A"),
-)
-
 
 class Kernel:
     """Base class. Subclasses set `name`, `kind`, `args` and `bytes_moved`; `source_file` when the
@@ -225,16 +211,6 @@ class Kernel:
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         raise NotImplementedError
 
-    def reduction_bytes(self, n_rows: int, n_dim: int) -> int:
-        """Bytes the reduced loss adds to bytes_moved (a kernel taking REDUCTION_ARGS, with
-        partials given; the .cu's header): partials written and read, A each per block, the
-        counter's 4 bytes (one atomic per block and the reset, on one word that stays in L2),
-        the reduced value (sizeof(T)). Without the per-row losses, A*N fewer bytes (the
-        caller's to subtract)."""
-        d = dtypes.get(self.dtype)
-        blocks = self.launch_config(n_rows, n_dim)[0][0]
-        return 2 * d.acc.itemsize * blocks + 4 + d.array.itemsize
-
     # -- tiling: mirrors CekTiling in kernels/cek_row.cuh ----------------------------------
 
     @property
@@ -372,7 +348,7 @@ class Kernel:
             self.check_launch(grid, block, *self.problem_size(cast))
 
     def _has_launch_contract(self) -> bool:
-        return getattr(self, "kind", None) in ("forward", "backward", "fused")
+        return getattr(self, "kind", None) in ("forward", "backward", "fused", "reduce")
 
     def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
         """Check launch arguments against `args` and cast scalars to their C types.
@@ -408,36 +384,12 @@ class Kernel:
                 bits = " (bfloat16 bits)" if self.dtype == "bf16" and spec.ctype == "T*" else ""
                 raise TypeError(f"{spec.name} must be {want}{bits}, got {value.dtype}")
             shape = shapes[shape_at]
-            if spec.per_block:
-                shape = (self.launch_config(*self.problem_size(cast))[0][0],)
             if tuple(value.shape) != shape:
-                names = "grid x of launch_config," if spec.per_block else ", ".join(spec.shape)
-                raise ValueError(f"{spec.name} must have shape ({names}) = {shape}, got "
-                                 f"{value.shape}")
+                raise ValueError(f"{spec.name} must have shape ({', '.join(spec.shape)}) = "
+                                 f"{shape}, got {value.shape}")
             if not value.flags.c_contiguous:
                 raise ValueError(f"{spec.name} must be C-contiguous")
-        self._check_together(cast)
         return tuple(cast)
-
-    def _check_together(self, cast: Sequence[Any]) -> None:
-        """The reduction's pointers (REDUCTION_POINTERS) come all three or not at all: the
-        kernel tests partials alone and then trusts counter and reduced. An optional output
-        (the per-row loss) may be None only with them."""
-        names = [spec.name for spec in self.args]
-        if "partials" not in names:
-            return
-        given = [cast[names.index(n)] is not None for n in REDUCTION_POINTERS]
-        if any(given) and not all(given):
-            missing = [n for n, g in zip(REDUCTION_POINTERS, given) if not g]
-            raise ValueError(f"{self.name}: partials, counter and reduced are given together "
-                             f"(the reduced loss) or not at all; missing {', '.join(missing)}")
-        if any(given):
-            return
-        for spec, value in zip(self.args, cast):
-            if spec.output and spec.optional and value is None:
-                raise ValueError(f"{self.name}: {spec.name} may be None only with the reduced "
-                                 f"loss (partials, counter, reduced): the launch would write "
-                                 f"no loss")
 
     def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
         n_rows, n_dim = _size_positions(type(self))
@@ -511,8 +463,6 @@ def _cache_key(kernel: Kernel) -> str:
 def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
     if arg.ctype == "int":
         return np.dtype(np.int32)
-    if arg.ctype == "unsigned*":
-        return np.dtype(np.uint32)
     d = dtypes.get(dtype)
     return d.array if arg.ctype.startswith("T") else d.acc
 

@@ -108,13 +108,6 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
 #define CEK_RARE_PATH()
 #endif
 
-// A fact of the launch contract the compiler may build on (GPU only: g++ has no such builtin).
-#ifdef __CUDA_ARCH__
-#define CEK_ASSUME(cond) __builtin_assume(cond)
-#else
-#define CEK_ASSUME(cond)
-#endif
-
 // 128-bit accesses need every row start 16-byte aligned: true for all rows exactly when the base
 // pointers are and n_dim is a whole number of chunks. A view with an offset fails this and takes
 // the scalar path.
@@ -741,73 +734,4 @@ __device__ __forceinline__ void cek_group_row_cosine(CekGroupRow<BLOCK_SIZE, T>&
     CEK_RARE_PATH();  // a huge row in the warp
     const Acc s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
     r.k = cek_scaled_cosine(cek_group_sum<GROUP>(cek_row_pair_scaled_sums(r.rp, s1, s2)), s1, s2);
-}
-
-// The reduced loss (mean or sum of the per-row losses) written by the kernel itself, in a fixed
-// order, so that the value is the same bits whatever order the blocks run and finish in:
-//   1. each block adds its rows' losses (cek_block_add: a fixed tree) into partials[blockIdx.x];
-//   2. thread 0 fences (the partial is visible device-wide before the count says so) and counts
-//      the block done with one atomicAdd on *counter;
-//   3. the block that counts gridDim.x - 1 is the last: its lane l adds partials l, l + 32, ...
-//      in that order, then a fixed butterfly; thread 0 writes T(scale * total), rounded once, and
-//      sets *counter back to 0, so the same counter serves the next launch (a CUDA graph replays
-//      it untouched). The launcher gives *counter = 0 before the first launch.
-// A null `partials` means no reduction: the kernel then touches none of the three pointers.
-template <typename T>
-struct CekReduce {
-    CekAcc<T>* __restrict__ partials;  // [gridDim.x]
-    unsigned* __restrict__ counter;    // one, 0 before and after a launch
-    T* __restrict__ reduced;           // one value
-    CekAcc<T> scale;                   // 1 / n_rows for the mean, 1 for the sum
-};
-
-// The sum of v over the block, in thread 0 (others get a value to ignore). Lanes and warps add
-// in a fixed butterfly tree. Every thread of the block must call it; blockDim.x is a multiple of
-// 32. A second call must pass a barrier after the first (the shared array is reused).
-template <typename Acc>
-__device__ __forceinline__ Acc cek_block_add(Acc v) {
-    for (int offset = CEK_WARP / 2; offset > 0; offset >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    const int n_warps = blockDim.x / CEK_WARP;
-    if (n_warps == 1) return v;
-    __shared__ Acc warp_sums[CEK_MAX_THREADS / CEK_WARP];
-    const int lane = threadIdx.x % CEK_WARP;
-    if (lane == 0) warp_sums[threadIdx.x / CEK_WARP] = v;
-    __syncthreads();
-    if (threadIdx.x >= CEK_WARP) return v;
-    v = lane < n_warps ? warp_sums[lane] : Acc(0);
-    for (int offset = CEK_WARP / 2; offset > 0; offset >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-// Steps 1-3 above; `v` is this thread's share of the block's losses (0 but in thread 0 where
-// ONE_ROW: a block of one row, whose loss thread 0 holds). Every thread of the block calls it,
-// after its last barrier elsewhere; warp 0 alone counts the block and, in the last block, adds
-// the partials (lane l takes l, l + 32, ...: a fixed assignment), with no shared memory.
-template <bool ONE_ROW, typename T>
-__device__ __forceinline__ void cek_reduce_loss(const CekReduce<T>& red, CekAcc<T> v) {
-    using Acc = CekAcc<T>;
-    // Once a launch, not once a row: the static report reads the rows' path without it.
-    CEK_RARE_PATH();
-    Acc block_total = v;
-    if constexpr (!ONE_ROW) block_total = cek_block_add(v);
-    if (threadIdx.x >= CEK_WARP) return;
-    unsigned done = 0;
-    if (threadIdx.x == 0) {
-        red.partials[blockIdx.x] = block_total;
-        __threadfence();  // the partial is visible device-wide before the count says so
-        done = atomicAdd(red.counter, 1u);
-    }
-    if (__shfl_sync(0xffffffffu, done, 0) != gridDim.x - 1) return;  // not the last block
-    __threadfence();  // the other blocks' partials, made visible before their counts
-    const volatile Acc* partials = red.partials;
-    Acc sum = 0;
-    for (unsigned i = threadIdx.x; i < gridDim.x; i += CEK_WARP) sum += partials[i];
-    for (int offset = CEK_WARP / 2; offset > 0; offset >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x == 0) {
-        *red.reduced = CekType<T>::from_acc(sum * red.scale);
-        *red.counter = 0;
-    }
 }

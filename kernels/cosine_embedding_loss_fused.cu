@@ -20,16 +20,7 @@
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, read y,
 // write loss, read dy when given: 4*S*N*D + 2*A*N (+ A*N with dy); 16*N*D + 8*N in float. A
 // streamed row is read twice: 6*S*N*D + 2*A*N.
-// Reduced loss (partials != nullptr; cek_row.cuh, cek_reduce_loss): the kernel also writes
-//   reduced[0] = T(reduction_scale * sum_r loss[r])   (mean: reduction_scale = 1/n_rows; sum: 1)
-// from per-block partial sums added in block order by the last block to finish (found with
-// *counter, which the launcher zeroes once and the kernel leaves at 0), bitwise the same run to
-// run. partials: [gridDim.x] Acc workspace; counter: one unsigned; reduced: one T; the per-row
-// losses are written as well, unless loss is nullptr (allowed only with partials: a mean or sum
-// then writes nothing of size N but the gradients). Bytes, beside the above: 2*A*B (partials
-// written, read; B = gridDim.x) + 4 (the counter: one atomic per block and the reset, on one
-// word that stays in L2) + S (reduced), less A*N without the per-row losses. partials =
-// nullptr: none of this, and the bytes above.
+// A mean or sum is a second launch, cosine_embedding_loss_reduce, over the per-row losses.
 // These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
 // double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
 #include "cek_row.cuh"
@@ -49,96 +40,54 @@ __device__ __forceinline__ CekFusedLabels<Acc> cek_fused_labels(const Acc* __res
     return {y[row], dy == nullptr ? Acc(1) : dy[row]};
 }
 
-// Writes the row's loss (one lane); returns it and the gradient factors of the row.
-// scale * 1 is scale exactly, so without dy the upstream gradient is scale itself.
+// The row's gradient factors. scale * 1 is scale exactly, so without dy the upstream gradient
+// is scale itself.
 template <typename Acc>
-struct CekFusedRow {
-    Acc loss;
-    CekGradient<Acc> g;
-};
-
-template <typename Acc>
-__device__ __forceinline__ CekFusedRow<Acc> cek_fused_row(CekCosine<Acc> k, CekFusedLabels<Acc> l,
-                                                          Acc scale, Acc* __restrict__ loss,
-                                                          int row, int lane, Acc margin) {
-    const Acc row_loss = cek_row_loss(k.c, l.label, margin);
-    // The gradient's factors before the loss's store: the other way round ptxas spilled a
-    // register in the float kernel at BLOCK_SIZE 4096 on sm_80.
-    const auto g = cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy));
-    if (lane == 0 && loss != nullptr) loss[row] = row_loss;  // loss: uniform over the launch
-    return {row_loss, g};
+__device__ __forceinline__ CekGradient<Acc> cek_fused_gradient(CekCosine<Acc> k,
+                                                               CekFusedLabels<Acc> l, Acc scale,
+                                                               Acc margin) {
+    return cek_gradient(k, cek_row_coeff(k.c, l.label, margin, scale * l.dy));
 }
 
-// The kernel's rows, and the reduced loss where red.partials is given. MAY_REDUCE = false (red
-// empty, a constant the compiler folds) is the kernel without the reduction, instruction for
-// instruction: its dead row-group lanes leave early, which they cannot do where they must join
-// the block's sum.
-template <bool MAY_REDUCE, int BLOCK_SIZE, typename T>
-__device__ __forceinline__ void cek_fused_rows(const T* __restrict__ x1, const T* __restrict__ x2,
-                                               const CekAcc<T>* __restrict__ y,
-                                               const CekAcc<T>* __restrict__ dy, CekAcc<T> scale,
-                                               CekAcc<T>* __restrict__ loss, T* __restrict__ dx1,
-                                               T* __restrict__ dx2, int n_rows, int n_dim,
-                                               CekAcc<T> margin, const CekReduce<T>& red) {
-    using Tiling = CekTiling<BLOCK_SIZE, T>;
-    const bool vec = cek_vectorizable_flat<T>(n_dim, x1, x2, dx1, dx2);
-    CekAcc<T> share = 0;  // this thread's share of the block's losses, for the reduction
-    // loss may be null only with the reduction: where red is empty (a constant) the test folds.
-    CEK_ASSUME(red.partials != nullptr || loss != nullptr);
-    if constexpr (Tiling::GROUPED) {
-        auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
-        const auto l = r.live ? cek_fused_labels(y, dy, r.row) : CekFusedLabels<CekAcc<T>>{};
-        cek_group_row_cosine(r, x1, x2, n_dim, vec);
-        if constexpr (!MAY_REDUCE) {
-            if (!r.live) return;  // after the last shuffle
-        }
-        if (r.live) {  // after the last shuffle; dead lanes still join the reduction's
-            const auto f = cek_fused_row(r.k, l, scale, loss, r.row, r.lane, margin);
-            cek_store_row_gradients(r.rp, x1 + r.offset, x2 + r.offset, dx1 + r.offset,
-                                    dx2 + r.offset, n_dim, vec, r.lane, Tiling::GROUP, f.g);
-            if (r.lane == 0) share = f.loss;
-        }
-    } else {
-        const int row = blockIdx.x;
-        if (row >= n_rows) return;  // uniform over the block
-        const long long offset = static_cast<long long>(row) * n_dim;
-        const auto l = cek_fused_labels(y, dy, row);
-        CekRowPair<Tiling::CHUNKS, T> rp;
-        const CekAcc<T> row_loss = cek_block_row<BLOCK_SIZE, T>(
-            rp, x1 + offset, x2 + offset, n_dim, vec,
-            [&](const CekCosine<CekAcc<T>>& k, auto huge) {
-                const auto f = cek_fused_row(k, l, scale, loss, row, threadIdx.x, margin);
-                cek_block_row_gradients<decltype(huge)::value, BLOCK_SIZE, T>(
-                    rp, x1 + offset, x2 + offset, dx1 + offset, dx2 + offset, n_dim, vec, f.g);
-                return f.loss;
-            });
-        if (threadIdx.x == 0) share = row_loss;
-    }
-    if (MAY_REDUCE && red.partials != nullptr)  // uniform over the launch
-        cek_reduce_loss<!Tiling::GROUPED, T>(red, share);
-}
-
-// Row groups choose once, at the entry, between the kernel without the reduction and the one
-// whose dead lanes stay for it; one block per row has no dead lanes (a block leaves whole), so
-// it only tests partials after its gradients.
 template <int BLOCK_SIZE, typename T = float>
 __device__ void cosine_embedding_loss_fused(const T* __restrict__ x1, const T* __restrict__ x2,
                                             const CekAcc<T>* __restrict__ y,
                                             const CekAcc<T>* __restrict__ dy, CekAcc<T> scale,
                                             CekAcc<T>* __restrict__ loss, T* __restrict__ dx1,
                                             T* __restrict__ dx2, int n_rows, int n_dim,
-                                            CekAcc<T> margin, CekAcc<T>* __restrict__ partials,
-                                            unsigned* __restrict__ counter,
-                                            T* __restrict__ reduced, CekAcc<T> reduction_scale) {
-    if constexpr (CekTiling<BLOCK_SIZE, T>::GROUPED) {
-        if (partials == nullptr) {  // uniform over the launch
-            cek_fused_rows<false, BLOCK_SIZE, T>(x1, x2, y, dy, scale, loss, dx1, dx2, n_rows,
-                                                 n_dim, margin, CekReduce<T>{});
-            return;
-        }
-        // Once a launch: the static report reads the rows without the reduction.
-        CEK_RARE_PATH();
+                                            CekAcc<T> margin) {
+    using Tiling = CekTiling<BLOCK_SIZE, T>;
+    const bool vec = cek_vectorizable_flat<T>(n_dim, x1, x2, dx1, dx2);
+    if constexpr (Tiling::GROUPED) {
+        auto r = cek_group_row<BLOCK_SIZE, T>(n_rows, n_dim);
+        const auto l = r.live ? cek_fused_labels(y, dy, r.row) : CekFusedLabels<CekAcc<T>>{};
+        cek_group_row_cosine(r, x1, x2, n_dim, vec);
+        if (!r.live) return;  // after the last shuffle
+        const CekAcc<T> row_loss = cek_row_loss(r.k.c, l.label, margin);
+        const auto g = cek_fused_gradient(r.k, l, scale, margin);
+        if (r.lane == 0) loss[r.row] = row_loss;
+        cek_store_row_gradients(r.rp, x1 + r.offset, x2 + r.offset, dx1 + r.offset,
+                                dx2 + r.offset, n_dim, vec, r.lane, Tiling::GROUP, g);
+    } else {
+        const int row = blockIdx.x;
+        if (row >= n_rows) return;  // uniform over the block
+        const long long offset = static_cast<long long>(row) * n_dim;
+        const auto l = cek_fused_labels(y, dy, row);
+        CekRowPair<Tiling::CHUNKS, T> rp;
+        // The loss is formed before the gradient and stored after it. Stored before it, the
+        // tailed float16 kernel of 8192 spilled a register on sm_90 (32 registers: three blocks
+        // of 672 threads); formed after it, ptxas kept the label for it in a uniform register,
+        // whose move waited for the label's load before the row's loads went out (two load
+        // rounds at 4096 floats).
+        const CekAcc<T> row_loss = cek_block_row<BLOCK_SIZE, T>(
+            rp, x1 + offset, x2 + offset, n_dim, vec,
+            [&](const CekCosine<CekAcc<T>>& k, auto huge) {
+                const CekAcc<T> row_loss = cek_row_loss(k.c, l.label, margin);
+                cek_block_row_gradients<decltype(huge)::value, BLOCK_SIZE, T>(
+                    rp, x1 + offset, x2 + offset, dx1 + offset, dx2 + offset, n_dim, vec,
+                    cek_fused_gradient(k, l, scale, margin));
+                return row_loss;
+            });
+        if (threadIdx.x == 0) loss[row] = row_loss;
     }
-    cek_fused_rows<true, BLOCK_SIZE, T>(x1, x2, y, dy, scale, loss, dx1, dx2, n_rows, n_dim,
-                                        margin, {partials, counter, reduced, reduction_scale});
 }

@@ -222,8 +222,7 @@ def _arrays_at_pointers(kernel, args) -> tuple:
             if value == 0:
                 value = None
             else:
-                shape = ((kernel.launch_config(sizes["n_rows"], sizes["n_dim"])[0][0],)
-                         if spec.per_block else tuple(sizes[name] for name in spec.shape))
+                shape = tuple(sizes[name] for name in spec.shape)
                 dtype = kernel.arg_dtype(spec)
                 count = math.prod(shape)
                 memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(value))

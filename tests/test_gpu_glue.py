@@ -95,7 +95,10 @@ def test_cupy_path_matches_reference(standin, dtype, reduction):
     (loss, dx1, dx2), (m1, m2) = _expected(x1, x2, y, 0.25, reduction, grad)
 
     def check(results, kernel, want, size):
-        assert standin.ids() == [f"cosine_embedding_loss_{kernel}__{dtype}__64"]
+        # A loss's mean or sum: the reduction of the per-row losses, launched second.
+        reduce = ([f"cosine_embedding_loss_reduce__{dtype}__1024"]
+                  if reduction != "none" and kernel != "backward_rows" else [])
+        assert standin.ids() == [f"cosine_embedding_loss_{kernel}__{dtype}__64", *reduce]
         assert standin.launches[0].device == 0  # inside cupy.cuda.Device(x1's device)
         standin.launches.clear()
         for got, w, s, kind in zip(results, want, size, ("loss", "grad", "grad")[-len(want):]):
@@ -122,8 +125,9 @@ def test_cupy_path_matches_reference(standin, dtype, reduction):
 @pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
 @pytest.mark.parametrize("d", [33, 768])
 def test_cupy_mean_and_sum_are_the_kernels_own(standin, d, dtype, reduction):
-    """One launch and nothing else of size N: the kernel's reduced value is the result (no CuPy
-    mean or sum over the rows), in the inputs' dtype, with the counter left at 0."""
+    """The row kernel, then the reduction of the losses it wrote (one block, a fixed order):
+    the reduction's value is the result (no CuPy mean or sum over the rows), in the inputs'
+    dtype."""
     x1, x2, y = _inputs(N, d, CUPY_DTYPES[dtype], seed=4)
     c1, c2, cy = (standin.array(a) for a in (x1, x2, y))
     (loss, dx1, dx2), (m1, m2) = _expected(x1, x2, y, 0.25, reduction, 1.0)
@@ -132,13 +136,16 @@ def test_cupy_mean_and_sum_are_the_kernels_own(standin, d, dtype, reduction):
         standin.launches.clear()
         results = call(c1, c2, cy, 0.25, reduction)
         got = results if kernel == "forward_rows" else results[0]
-        (launch,) = standin.launches
-        assert launch.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
+        rows, reduce = standin.launches
+        assert rows.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
+        assert reduce.kernel_id == f"cosine_embedding_loss_reduce__{dtype}__1024"
         assert standin.reductions == []
+        assert np.shares_memory(reduce.args["loss"], rows.args["loss" if kernel == "fused"
+                                                               else "out"])
         assert got.shape == () and got.dtype == x1.dtype
-        assert np.shares_memory(got, launch.args["reduced"])  # the kernel's value, not a copy
-        assert int(launch.args["counter"]) == 0
-        assert launch.args["reduction_scale"] == (1.0 / N if reduction == "mean" else 1.0)
+        assert np.shares_memory(got, reduce.args["reduced"])  # the kernel's value, not a copy
+        acc = dtypes.get(dtype).acc.type
+        assert reduce.args["scale"] == acc(1.0 / N if reduction == "mean" else 1.0)
         _close(got, loss, dtype, "loss")
         if kernel == "fused":
             _close(results[1], dx1, dtype, "grad", m1)
@@ -153,7 +160,8 @@ def test_cupy_row_widths(standin, d, dtype):
     x1, x2, y = _inputs(n, d, CUPY_DTYPES[dtype], seed=d)
     got = F.cosine_embedding_loss_fused(*(standin.array(a) for a in (x1, x2, y)), -0.25, "sum")
     kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-    assert standin.ids() == [f"cosine_embedding_loss_fused__{dtype}__{WIDTHS[d]}"]
+    assert standin.ids() == [f"cosine_embedding_loss_fused__{dtype}__{WIDTHS[d]}",
+                             f"cosine_embedding_loss_reduce__{dtype}__1024"]
     if dtype == "f32":
         assert (kernel.grouped, kernel.streamed) == (d <= 256, d > 16384)
     want, size = _expected(x1, x2, y, -0.25, "sum", 1.0)
@@ -196,7 +204,7 @@ def test_cupy_out_buffers(standin, dtype):
     standin.launches.clear()
     total = standin.array(np.full((), np.nan, np_dtype))
     F.cosine_embedding_loss_fused(c1, c2, cy, 0.0, "sum", out=(total, c1, c2))
-    (launch,) = standin.launches
+    launch, _ = standin.launches  # the fused kernel, then the reduction of its losses
     assert not np.shares_memory(launch.args["dx1"], c1)
     _close(total, loss.sum(), dtype, "loss")
     _close(c1, dx1, dtype, "grad", m1)
@@ -214,7 +222,9 @@ def test_cupy_unbatched_and_views(standin):
         assert [g.shape for g in got] == [(), (66,), (66,)]
         for g, w, s, kind in zip(got, want, (1.0, *size), ("loss", "grad", "grad")):
             _close(g, w, "f32", kind, s)
-    assert standin.ids() == ["cosine_embedding_loss_fused__f32__128"] * 3
+    fused = "cosine_embedding_loss_fused__f32__128"
+    reduce = "cosine_embedding_loss_reduce__f32__1024"
+    assert standin.ids() == [fused, fused, reduce, fused, reduce]  # none, mean, sum
     # Transposed, strided, and contiguous but 4 bytes off 16-byte alignment (the scalar path).
     wide = standin.array(np.repeat(x1, 2, axis=1))
     shifted = standin.array(np.concatenate([[0], x1.ravel()]).astype(np.float32))
@@ -279,8 +289,7 @@ def test_gpu_launch_checks_devices_and_passes_no_dy(standin):
     _close(loss, _expected(x1, x2, y, 0.0, "mean", 1.0)[0][0], "f32", "loss")
     # load() refuses arrays on another device than the current one.
     kernel = CosineEmbeddingLossFused.for_n_dim(33)
-    args = (c1, c2, cy, None, 1.0, cy.copy(), c1.copy(), c2.copy(), N, 33, 0.0, None, None,
-            None, 1.0)
+    args = (c1, c2, cy, None, 1.0, cy.copy(), c1.copy(), c2.copy(), N, 33, 0.0)
     with standin.cupy.cuda.Device(1), pytest.raises(TypeError, match="not the current GPU 1"):
         gpu.launch(kernel, *args)
-    assert len(standin.launches) == 1
+    assert len(standin.launches) == 2  # the mean's: the fused kernel and the reduction

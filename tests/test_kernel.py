@@ -1,6 +1,5 @@
 """cpu tier: the Kernel fields, ids, sources, entry points, launch configs and argument checks."""
 
-import dataclasses
 import hashlib
 import inspect
 import re
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 import cek
-from cek.kernel import REDUCTION_ARGS, RowGroups, kernel_classes, next_power_of_two
+from cek.kernel import RowGroups, kernel_classes, next_power_of_two
 
 ALL = list(kernel_classes().values())
 ROW_GROUPS = [cls for cls in ALL if issubclass(cls, RowGroups)]
@@ -191,12 +190,7 @@ def test_rows_variants_share_their_twins_template_file_and_arguments():
     for rows, twin in ((cek.CosineEmbeddingLossBackwardRows, cek.CosineEmbeddingLossBackward),
                        (cek.CosineEmbeddingLossForwardRows, cek.CosineEmbeddingLossForward)):
         assert rows.twin is twin
-        # The forward row groups take the forward's arguments, then the reduced loss's, with
-        # `out` optional (None: the reduced loss alone).
-        extra = REDUCTION_ARGS if rows is cek.CosineEmbeddingLossForwardRows else ()
-        optional = {"out"} if extra else set()
-        assert rows.args == tuple(dataclasses.replace(a, optional=a.name in optional or a.optional)
-                                  for a in twin.args) + extra
+        assert rows.args == twin.args
         assert rows(64).kernel_source == twin(64).kernel_source
         assert rows(64).id == twin.name + "_rows__f32__64"
         assert rows(64).bytes_moved(10, 64) == twin(64).bytes_moved(10, 64)
@@ -263,31 +257,24 @@ def test_only_optional_pointers_take_none():
     fused = cek.CosineEmbeddingLossFused(8)
     n, d = 3, 5
     z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0,
-            None, None, None, 1.0]
+    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
     assert fused.check_args(args, (np.ndarray,))[3] is None
     args[2] = None
     with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
         fused.check_args(args, (np.ndarray,))
 
 
-def test_the_reduced_loss_takes_partials_counter_and_reduced_together_and_sized():
-    fused = cek.CosineEmbeddingLossFused(8)
-    n, d = 37, 5  # row groups: several rows a block, so partials has fewer entries than rows
-    blocks = fused.launch_config(n, d)[0][0]
-    assert blocks == 1 + (n - 1) // (256 // fused.group)
-    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-    base = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
-    counter, reduced = np.zeros((), np.uint32), np.zeros((), np.float32)
-    fused.check_args(base + [z(blocks), counter, reduced, 1.0 / n], (np.ndarray,))
-    shape = rf"partials must have shape \(grid x of launch_config,\) = \({blocks},\)"
-    with pytest.raises(ValueError, match=shape):
-        fused.check_args(base + [z(blocks + 1), counter, reduced, 1.0], (np.ndarray,))
-    with pytest.raises(ValueError, match="given together .* missing counter"):
-        fused.check_args(base + [z(blocks), None, reduced, 1.0], (np.ndarray,))
-    with pytest.raises(TypeError, match="counter must be uint32"):
-        fused.check_args(base + [z(blocks), z(), reduced, 1.0], (np.ndarray,))
+def test_no_kernel_takes_a_counter_or_a_workspace():
+    """A mean or sum is a second launch over the per-row losses (CosineEmbeddingLossReduce):
+    no kernel keeps state across blocks or launches, so none takes a counter to zero first or
+    a per-block workspace, and every output is written by every launch."""
+    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 
+    for cls in [*kernel_classes().values(), CosineEmbeddingLossReduce]:
+        names = {a.name for a in cls.args}
+        assert not names & {"counter", "partials"}, cls.name
+        assert all(a.ctype in ("int", "T*", "A*", "A") for a in cls.args), cls.name
+        assert not any(a.output and a.optional for a in cls.args), cls.name
 
 
 def test_a_gpu_launch_without_a_device_is_one_clear_error(monkeypatch):

@@ -62,10 +62,9 @@ def last_rows_args(kernel, inputs, n_rows, first_row):
             args.append(sizes[spec.name] if spec.name in sizes
                         else MARGIN if spec.name == "margin"
                         else inputs.get(spec.name, float("nan")) if spec.name == "keep_dy"
-                        else 1.0 if spec.name == "reduction_scale"  # no reduction: partials None
                         else value)
             continue
-        if value is None and spec.optional and not spec.output:  # an absent input (dy)
+        if value is None and spec.optional:
             args.append(None)
             continue
         shape = tuple(sizes[s] for s in spec.shape)

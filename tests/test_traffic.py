@@ -55,12 +55,7 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         if not spec.is_pointer or spec.name not in counts:
             continue
         t = counts[spec.name]
-        if spec.name == "partials":  # one per block: written by it, read by the last block
-            assert (t.written, t.writes, t.read, t.reads) == (t.size, (1, 1), t.size, (1, 1)), t
-        elif spec.name == "counter":  # an atomic add per block (counted as a store), the reset
-            blocks = kernel.launch_config(n_rows, n_dim)[0][0]
-            assert (t.written, t.writes) == (t.size, (blocks + 1, blocks + 1)), t
-        elif spec.output or spec.name == "reduced":
+        if spec.output:
             assert (t.written, t.writes, t.read) == (t.size, (1, 1), 0), (spec.name, t)
         elif spec.name in matrices:
             assert (t.read, t.reads, t.written) == (t.size, (passes, passes), 0), (spec.name, t)
@@ -71,8 +66,6 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         else:
             moved += t.read + t.written
     want = kernel.bytes_moved(n_rows, n_dim)
-    if "partials" in counts:  # the reduced loss (the .cu's header)
-        want += kernel.reduction_bytes(n_rows, n_dim)
     if kernel.kind == "fused" and "dy" in counts:
         want += counts["dy"].size  # bytes_moved is the mean/sum case; the .cu adds A*N with dy
     assert moved == want, f"{kernel.id}: moves {moved} bytes, bytes_moved says {want}"
@@ -97,28 +90,34 @@ def test_traffic_is_what_the_header_and_bytes_moved_say(cls, dtype, width, dy):
     if str(width).endswith("+1"):
         inputs["x1"], inputs["x2"] = misaligned(inputs["x1"]), misaligned(inputs["x2"])
     counts = run(kernel, inputs)
-    pointers = {a.name for a in kernel.args if a.is_pointer} - set(check.REDUCTION_NAMES)
+    pointers = {a.name for a in kernel.args if a.is_pointer}
     assert set(counts) == (pointers - {"dy"} if dy == "no_dy" else pointers)
     assert_traffic(kernel, counts, N_ROWS, n_dim)
 
 
-def _reduction_cases():
-    for name, cls in kernel_classes().items():
-        if "partials" in {a.name for a in cls.args}:
-            for dtype in DTYPES:
-                for width in (33, 256, 769, 16392):
-                    yield pytest.param(cls, dtype, width, id=f"{name}-{dtype}-{width}")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_dim", [33, 769, 16392])
+def test_traffic_of_a_mean_is_the_fused_kernels_then_the_reductions(dtype, n_dim):
+    """A mean (or sum) is the fused kernel, which writes each row's loss once, then the
+    reduction, which reads each once and writes the result: the per-row losses cost A bytes a
+    row twice, beside the row kernel's bytes_moved, and nothing else does."""
+    from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 
-
-@pytest.mark.parametrize("cls, dtype, n_dim", list(_reduction_cases()))
-def test_traffic_of_the_reduced_loss_is_what_the_header_says(cls, dtype, n_dim):
-    """The reduced loss adds its partials (written once, read once), the counter's one word and
-    the reduced value to the traffic above, and no other byte (reduction_bytes)."""
-    kernel = cls.for_n_dim(n_dim, dtype)
-    inputs = dict(check.make_inputs(N_ROWS, n_dim, dtype=dtype), reduction="mean", dy=None)
-    counts = run(kernel, inputs)
-    assert {"partials", "counter", "reduced"} <= set(counts)
-    assert_traffic(kernel, counts, N_ROWS, n_dim)
+    fused = CosineEmbeddingLossFused.for_n_dim(n_dim, dtype)
+    inputs = dict(check.make_inputs(N_ROWS, n_dim, dtype=dtype), dy=None, scale=1 / N_ROWS)
+    args, outputs = check.build_args(fused, inputs, 0.25)
+    counts = emulate.traffic(fused, *fused.launch_config(N_ROWS, n_dim)[:2], args)
+    assert_traffic(fused, counts, N_ROWS, n_dim)
+    reduction = CosineEmbeddingLossReduce.for_dtype(dtype)
+    loss = outputs["loss"]
+    reduced = np.zeros((), reduction.arg_dtype(reduction.args[1]))
+    second = emulate.traffic(reduction, *reduction.launch_config(N_ROWS)[:2],
+                             (loss, reduced, N_ROWS, 1 / N_ROWS))
+    assert (counts["loss"].written, second["loss"].read, second["loss"].reads) == \
+        (loss.nbytes, loss.nbytes, (1, 1))
+    assert second["reduced"].written == reduced.nbytes
+    assert loss.nbytes + reduced.nbytes == reduction.bytes_moved(N_ROWS)
 
 
 # -- the counter itself ------------------------------------------------------------------------

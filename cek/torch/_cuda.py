@@ -32,6 +32,8 @@ from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
+from cek.cosine_embedding_loss_reduce import THREADS as REDUCE_THREADS
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import next_power_of_two
 
 _KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
@@ -80,12 +82,6 @@ def _kernel(kernel_class, n_dim, dtype):
 @functools.lru_cache(maxsize=None)
 def _instance(kernel_class, block_size, dtype):  # at most 21 block sizes x 4 dtypes a class
     return kernel_class(block_size, _KERNEL_DTYPES[dtype])
-
-
-@functools.lru_cache(maxsize=1024)
-def _blocks(kernel_class, dtype, n, d):
-    """The grid's x of the kernel's launch for N x D: the length of its per-block partials."""
-    return _kernel(kernel_class, d, dtype)[0].launch_config(n, d)[0][0]
 
 
 class _StreamHandle:
@@ -162,60 +158,38 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
 
 def _views(cupy, kernel, tensors):
     """Zero-copy CuPy arrays of CUDA tensors (None stays None), as the kernel's arguments
-    want them: bfloat16, which CuPy lacks, as uint16 bits, the int32 counter as uint32.
-    Exported as capsules, with no stream handshake (the module docstring)."""
-    pointer_args = [a for a in kernel.args if a.is_pointer]
-    views = []
-    for arg, t in zip(pointer_args, tensors):
-        if t is not None:
-            t = cupy.from_dlpack(to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16
-                                           else t))
-            if arg.ctype == "unsigned*":
-                t = t.view(cupy.uint32)
-        views.append(t)
-    return views
+    want them: bfloat16, which CuPy lacks, as uint16 bits. Exported as capsules, with no stream
+    handshake (the module docstring)."""
+    return [None if t is None else
+            cupy.from_dlpack(to_dlpack(t.view(torch.uint16) if t.dtype == torch.bfloat16 else t))
+            for t in tensors]
 
 
 def forward(x1, x2, target, margin, reduction):
     """The loss (torch's shape for `reduction`, the inputs' dtype) from the forward kernel."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows = _per_row_losses(y, n, reduction)
-    buffers = _reduction_buffers(CosineEmbeddingLossForwardRows, x1, y, n, d, reduction)
+    rows = _like(y)  # each row's loss, like the labels
     if n > 0:
-        _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows, *buffers), n, d,
-                margin=margin, reduction_scale=fused_scale(n, reduction))
-    return _reduced(rows, x1, reduction, buffers)
+        _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows), n, d, margin=margin)
+    return _reduced(rows, x1, reduction)
 
 
-_NO_REDUCTION = (None, None, None)
-
-
-def _per_row_losses(y, n, reduction):
-    """The [N] buffer for each row's loss (like the labels `y`), or None where the kernel
-    reduces the loss itself: then it writes nothing of size N but the gradients."""
-    return _like(y) if reduction == "none" or n == 0 else None
-
-
-def _reduction_buffers(kernel_class, x1, y, n, d, reduction):
-    """(partials, counter, reduced) for the kernel's own mean or sum (kernels/cek_row.cuh,
-    cek_reduce_loss), allocated by torch on its current stream (partials in the labels' `y`
-    dtype, reduced in x1's); None each for "none" and for N = 0. The counter is zeroed here (a
-    4-byte fill), int32 for torch, uint32 to the kernel."""
-    if reduction == "none" or n == 0:
-        return _NO_REDUCTION
-    partials = y.new_empty(_blocks(kernel_class, x1.dtype, n, d))
-    return partials, y.new_zeros((), dtype=torch.int32), x1.new_empty(())
-
-
-def _reduced(rows, x1, reduction, buffers):
-    """The loss: the rows for "none"; else the kernel's reduced value (deterministic, in x1's
-    dtype), or torch's for N = 0 (mean([]) is NaN)."""
+def _reduced(rows, x1, reduction):
+    """The loss: the rows for "none"; else their mean or sum in x1's dtype, written by a second
+    launch, of one block that adds the rows in a fixed order (kernels/
+    cosine_embedding_loss_reduce.cu: the same bits run after run), into a 0-d tensor torch
+    allocates on its current stream; torch's for N = 0 (mean([]) is NaN)."""
     if reduction == "none":
         return _to(rows if x1.dim() == 2 else rows.view(()), x1.dtype)
-    if buffers[2] is not None:
-        return buffers[2]
-    return _to(rows.mean() if reduction == "mean" else rows.sum(), x1.dtype)
+    n = rows.shape[0]
+    if n == 0:
+        return _to(rows.mean() if reduction == "mean" else rows.sum(), x1.dtype)
+    reduced = x1.new_empty(())
+    # One block of REDUCE_THREADS for rows of any width: its launch's "width" is that block.
+    _launch(CosineEmbeddingLossReduce, x1, (rows, reduced), n, REDUCE_THREADS,
+            scale=fused_scale(n, reduction))
+    return reduced
 
 
 def fused_scale(n, reduction):
@@ -231,14 +205,12 @@ def fused_forward(x1, x2, target, margin, reduction):
     so that the backward reads the very tensors the forward did."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    rows, dx1, dx2 = _per_row_losses(y, n, reduction), _like(a1), _like(a1)
-    buffers = _reduction_buffers(CosineEmbeddingLossFused, x1, y, n, d, reduction)
+    rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
     if n == 0:
-        return _reduced(rows, x1, reduction, buffers), (dx1, dx2, None)
-    scale = fused_scale(n, reduction)
-    _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2, *buffers), n, d,
-            margin=margin, scale=scale, reduction_scale=scale)
-    return _reduced(rows, x1, reduction, buffers), (dx1, dx2, (a1, a2, y))
+        return _reduced(rows, x1, reduction), (dx1, dx2, None)
+    _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2), n, d,
+            margin=margin, scale=fused_scale(n, reduction))
+    return _reduced(rows, x1, reduction), (dx1, dx2, (a1, a2, y))
 
 
 def _per_row(grad, n, dtype):
