@@ -5,6 +5,7 @@ cek.torch takes, and it gives what torch gives.
   `target == 1` and `target == -1` in the target's dtype, where -1 is 255 in uint8.
 - The labels a backward reads: made under torch.inference_mode, or refilled in place between
   forward and backward (a label buffer a data loader reuses).
+- Mixed float dtypes: an input changed in place before the backward raises, as in torch.
 - Margins as torch takes them (0-d tensors, bools, NumPy scalars, NaN, the infinities), what it
   refuses refused with its exception type; reduction="elementwise_mean" with torch's warning.
 - torch.compile(fullgraph=True) with a margin that changes from call to call, and several
@@ -202,6 +203,64 @@ def test_compiled_step_with_refilled_and_inference_labels():
             _step(step, "cpu", x1, x2, buffer, between=lambda b=buffer: b.fill_(1))
             + _step(step, "cpu", x1, x2, made))
     _close(*results, torch.float64)
+
+
+# -- mixed float dtypes ------------------------------------------------------------------------
+
+MIXED = [(torch.float32, torch.float64), (torch.float64, torch.float32),
+         (torch.float16, torch.float32), (torch.bfloat16, torch.float16)]
+
+
+@pytest.mark.parametrize("dtypes", MIXED, ids=lambda d: f"{d[0]}-{d[1]}")
+def test_mixed_dtypes_changed_in_place_raise_as_in_torch(path, dtypes):
+    """x1 and x2 of two float dtypes, one changed in place after the forward: torch's backward
+    raises (its products saved the caller's tensors); cek's silently used the converted copy
+    it had made before its op."""
+    x1, x2 = _inputs(seed=4)
+    for which in (0, 1):
+        for loss_fn, on in ((F.cosine_embedding_loss, "cpu"), (ct.cosine_embedding_loss, path)):
+            leaves = [_leaf(on, x, dtype) for x, dtype in zip((x1, x2), dtypes)]
+            loss = loss_fn(*leaves, _on(on, torch.tensor(TARGET)), 0.1)
+            with torch.no_grad():
+                leaves[which].mul_(2)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                loss.backward()
+
+
+@pytest.mark.parametrize("dtypes", MIXED, ids=lambda d: f"{d[0]}-{d[1]}")
+def test_mixed_dtypes_give_torchs_loss_and_gradients(path, dtypes):
+    """Converted inside cek's ops: the loss in the common dtype, each gradient in its own
+    input's dtype, torch's values (torch computed in float64 from the same rounded inputs)."""
+    x1, x2 = _inputs(seed=5)
+    target = torch.tensor(TARGET)
+    x1, x2 = x1.to(dtypes[0]), x2.to(dtypes[1])
+    common = torch.promote_types(*dtypes)
+    for reduction in REDUCTIONS:
+        a1, a2 = _leaf(path, x1, dtypes[0]), _leaf(path, x2, dtypes[1])
+        loss = ct.cosine_embedding_loss(a1, a2, _on(path, target), 0.1, reduction=reduction)
+        assert loss.dtype == F.cosine_embedding_loss(x1, x2, target).dtype == common
+        (loss * _weights(loss)).sum().backward()
+        assert (a1.grad.dtype, a2.grad.dtype) == dtypes
+        theirs = _torchs(x1, x2, target, 0.1, reduction=reduction)
+        ours = [t.detach().as_subclass(torch.Tensor) for t in (loss, a1.grad, a2.grad)]
+        tol = torch.float32 if common.itemsize == 8 and path != "cpu" else common
+        _close(ours[:1], theirs[:1], tol)
+        for got, want, dtype in zip(ours[1:], theirs[1:], dtypes):  # each in its own dtype
+            _close([got], [want], torch.float32 if dtype.itemsize == 8 and path != "cpu"
+                   else dtype)
+
+
+def test_opcheck_mixed_dtypes():
+    """The ops take x1 and x2 of two dtypes: their fakes give the real ops' dtypes."""
+    x1, x2 = _inputs(seed=6)
+    target = torch.tensor(TARGET, dtype=torch.float32)
+    for d1, d2 in MIXED:
+        a1, a2 = x1.to(d1), x2.to(d2)
+        torch.library.opcheck(torch.ops.cek.cosine_embedding_loss.default,
+                              (a1, a2, target, 0.1, "none"))
+        grad = torch.tensor(1.5, dtype=torch.promote_types(d1, d2))
+        torch.library.opcheck(torch.ops.cek.cosine_embedding_loss_backward.default,
+                              (grad, a1, a2, target, 0.1, "mean"))
 
 
 # -- margins and reductions --------------------------------------------------------------------

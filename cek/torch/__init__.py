@@ -135,13 +135,15 @@ def _transformed(*tensors) -> bool:  # input1, input2, target
 
 
 def _check(input1, input2, target, margin, reduction, keep):
-    """Every check on tensors, before any work, torch's promotion and broadcasting and its
-    reading of the labels: (input1, input2, labels, margin as float, reduction). `keep`: a
-    backward will read the labels (_labels). What the tensors' checks decide depends only on
-    their dtypes, shapes and devices (and torch's default dtype, for integer inputs): it is
-    worked out in full for the first call of each and found after that (_plan), as a training
-    loop passes the same few step after step. Not under torch.compile, which turns the checks
-    into guards of its own and would guard on the memo too."""
+    """Every check on tensors, before any work, torch's promotion of integer and bool inputs,
+    its broadcasting and its reading of the labels: (input1, input2, labels, margin as float,
+    reduction). Float inputs of two dtypes stay as they are: the ops convert them, so that
+    autograd saves the caller's tensors (_ops._promoted). `keep`: a backward will read the
+    labels (_labels). What the tensors' checks decide depends only on their dtypes, shapes and
+    devices (and torch's default dtype, for integer inputs): it is worked out in full for the
+    first call of each and found after that (_plan), as a training loop passes the same few
+    step after step. Not under torch.compile, which turns the checks into guards of its own and
+    would guard on the memo too."""
     if torch.compiler.is_compiling():
         plan = _plan(input1, input2, target)
     else:
@@ -157,9 +159,9 @@ def _check(input1, input2, target, margin, reduction, keep):
     margin = margin if type(margin) is float else _margin(margin)  # (symbolic when compiled)
     reduction = _reduction(reduction)
     dtype, shape, rows, expand = plan
-    if input1.dtype != dtype:
+    if input1.dtype not in _FLOATS:
         input1 = input1.to(dtype)
-    if input2.dtype != dtype:
+    if input2.dtype not in _FLOATS:
         input2 = input2.to(dtype)
     target = _labels(target, dtype, keep)
     if expand:

@@ -5,7 +5,9 @@ It serves where the kernels cannot: the gradient of the gradient (`create_graph=
 `torch.func` transforms and forward-mode AD, D = 0, and devices other than CPU and CUDA.
 The semantics are cek.reference's: c = dot * r1 * r2 with r = 1/sqrt(|x|^2 + EPS), loss 1 - c
 for label 1, max(c - margin, 0) for label -1 (no gradient at c == margin), 0 for any other
-label; float16 and bfloat16 are computed in float32 and the result cast back.
+label; float16 and bfloat16 are computed in float32 and the result cast back. x1 and x2 may
+differ in dtype (as the ops, cek/torch/_ops.py): the loss is in their common dtype, each
+gradient in its own input's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ _HALVES = (torch.float16, torch.bfloat16)
 
 
 def _accumulate(x1, x2):
-    acc = torch.float32 if x1.dtype in _HALVES else x1.dtype
+    """x1 and x2 in the accumulation dtype of their common one."""
+    dtype = torch.promote_types(x1.dtype, x2.dtype)
+    acc = torch.float32 if dtype in _HALVES else dtype
     return x1.to(acc), x2.to(acc)
 
 
@@ -47,7 +51,7 @@ def loss(x1, x2, target, margin, reduction):
         rows = rows.mean()
     elif reduction == "sum":
         rows = rows.sum()
-    return rows.to(x1.dtype)
+    return rows.to(torch.promote_types(x1.dtype, x2.dtype))
 
 
 def gradients(grad, x1, x2, target, margin, reduction):

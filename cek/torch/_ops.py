@@ -1,16 +1,18 @@
 """cek's work as PyTorch custom ops (namespace `cek`): what torch.compile, torch.export, fake
-tensors and opcheck see. Inputs reach them already checked, promoted and broadcast by
-cek.torch: x1, x2 (N, D) or (D,) of one float dtype, target (N,) or () of labels (a row is
-label 1 or -1 where its value is 1 or -1; cek.torch turns torch's labels of any dtype into such
-values).
+tensors and opcheck see. Inputs reach them already checked and broadcast by cek.torch: x1, x2
+(N, D) or (D,) of float dtypes, target (N,) or () of labels (a row is label 1 or -1 where its
+value is 1 or -1; cek.torch turns torch's integer and bool labels into such values).
 
 - cek::cosine_embedding_loss(x1, x2, target, margin, reduction) -> loss
 - cek::cosine_embedding_loss_backward(grad, x1, x2, target, margin, reduction) -> (dx1, dx2)
 
-The ops' forward saves x1, x2 and target (nothing new stays alive but the labels where
-cek.torch made them) and their backward runs cek's backward kernel for the grad_output it is
-given. This is what
-torch.compile, export and fake tensors run.
+x1 and x2 may differ in dtype: the ops compute in their common dtype (the loss's) and give
+each gradient in its own input's dtype. Converting them here, not before the op, is what lets
+autograd save the caller's x1 and x2, so that a change to one of them in place before the
+backward raises, as it does for torch's loss. The ops' forward saves x1, x2 and target
+(nothing new stays alive but the labels where cek.torch made them) and their backward runs
+cek's backward kernel for the grad_output it is given. This is what torch.compile, export and
+fake tensors run.
 
 In eager mode cek.torch skips the dispatcher and calls the implementations through `Eager`, an
 autograd.Function with the same formula. On CUDA tensors whose gradients autograd will want, its
@@ -62,11 +64,21 @@ def _loss_shape(x1, reduction):
     return x1.shape[:1] if x1.dim() == 2 and reduction == "none" else ()
 
 
+def _promoted(x1, x2):
+    """x1 and x2 in their common dtype, the loss's (torch's promotion)."""
+    if x1.dtype == x2.dtype:
+        return x1, x2
+    dtype = torch.promote_types(x1.dtype, x2.dtype)
+    return x1.to(dtype), x2.to(dtype)
+
+
 def loss(x1, x2, target, margin, reduction):
     """The loss op's implementation on CPU and CUDA tensors."""
     if not math.isfinite(margin):  # torch computes with these; cek's kernels and CPU path don't
         return _composite.loss(x1, x2, target, margin, reduction)
-    if x1.is_cuda:
+    cuda = x1.is_cuda
+    x1, x2 = _promoted(x1, x2)
+    if cuda:
         return _cuda.forward(x1, x2, target, margin, reduction)
     (a, how), (b, _) = _rows(x1), _rows(x2)
     loss = functional.cosine_embedding_loss(a, b, _numpy(target), margin, reduction, **how)
@@ -82,19 +94,28 @@ def loss_op(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: fl
 
 @loss_op.register_fake
 def _(x1, x2, target, margin, reduction):
-    return x1.new_empty(_loss_shape(x1, reduction))
+    return x1.new_empty(_loss_shape(x1, reduction), dtype=torch.promote_types(x1.dtype, x2.dtype))
 
 
 def backward(grad, x1, x2, target, margin, reduction):
     """The backward op's implementation on CPU and CUDA tensors."""
     if not math.isfinite(margin):
         return _composite.gradients(grad, x1, x2, target, margin, reduction)
+    a1, a2 = _promoted(x1, x2)
     if x1.is_cuda:
-        return _cuda.backward(grad, x1, x2, target, margin, reduction)
-    (a, how), (b, _) = _rows(x1), _rows(x2)
-    dx1, dx2 = functional.cosine_embedding_loss_backward(
-        _numpy(grad), a, b, _numpy(target), margin, reduction, **how)
-    return _tensor(dx1, x1.dtype), _tensor(dx2, x1.dtype)
+        dx1, dx2 = _cuda.backward(grad, a1, a2, target, margin, reduction)
+    else:
+        (a, how), (b, _) = _rows(a1), _rows(a2)
+        dx1, dx2 = functional.cosine_embedding_loss_backward(
+            _numpy(grad), a, b, _numpy(target), margin, reduction, **how)
+        dx1, dx2 = _tensor(dx1, a1.dtype), _tensor(dx2, a1.dtype)
+    return _own_dtypes(dx1, dx2, x1, x2)
+
+
+def _own_dtypes(dx1, dx2, x1, x2):
+    """Each gradient in its own input's dtype."""
+    return (dx1 if dx1.dtype == x1.dtype else dx1.to(x1.dtype),
+            dx2 if dx2.dtype == x2.dtype else dx2.to(x2.dtype))
 
 
 @torch.library.custom_op("cek::cosine_embedding_loss_backward", mutates_args=(),
@@ -106,9 +127,9 @@ def backward_op(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, target: 
 
 @backward_op.register_fake
 def _(grad, x1, x2, target, margin, reduction):
-    # As the real op: new contiguous tensors of x1's shape and dtype (x1 and x2 share a dtype
-    # here), whatever x1's strides; empty_like would keep a transposed x1's strides.
-    return x1.new_empty(x1.shape), x1.new_empty(x1.shape)
+    # As the real op: new contiguous tensors of x1's shape, each in its input's dtype,
+    # whatever x1's strides; empty_like would keep a transposed x1's strides.
+    return x1.new_empty(x1.shape), x2.new_empty(x1.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -123,7 +144,9 @@ def _backward(ctx, grad, run=backward_op):
     if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
         dx1, dx2 = _composite.gradients(grad, x1, x2, target, ctx.margin, ctx.reduction)
     elif fused is not None:
-        dx1, dx2 = _cuda.keep_backward(grad, x1, ctx.margin, ctx.reduction, fused)
+        kept, a1 = fused
+        dx1, dx2 = _own_dtypes(*_cuda.keep_backward(grad, a1, ctx.margin, ctx.reduction, kept),
+                               x1, x2)
     else:
         dx1, dx2 = run(grad.contiguous(), x1, x2, target, ctx.margin, ctx.reduction)
     return (dx1 if ctx.needs_input_grad[0] else None,
@@ -150,7 +173,9 @@ class Eager(torch.autograd.Function):
         _setup_context(ctx, inputs, None)
         if not fuse or not math.isfinite(margin):
             return loss(*inputs)
-        result, ctx.fused = _cuda.fused_forward(*inputs)
+        a1, a2 = _promoted(x1, x2)
+        result, kept = _cuda.fused_forward(a1, a2, target, margin, reduction)
+        ctx.fused = kept, a1  # a1: what the kernels read as x1, for the dtype and shape
         return result
 
     @staticmethod
