@@ -1,6 +1,10 @@
 """cek.torch: the autograd Function and nn.Module against torch.nn.functional.cosine_embedding_loss
 (cpu tier), and the CUDA path (gpu tier, skipped without a device)."""
 
+import math
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -222,6 +226,34 @@ def test_bfloat16_cpu_rows_are_read_in_place(monkeypatch):
         a, b = args[1:3] if name.endswith("backward") else args[:2]
         assert kwargs.get("dtype") == "bfloat16", name
         assert a.ctypes.data == x1.data_ptr() and b.ctypes.data == x2.data_ptr(), name
+
+
+def test_kernels_md_says_what_eager_torch_gives_in_float16():
+    """docs/kernels.md's figures for eager torch on three float16 rows are what the installed
+    torch gives (the page said NaN, NaN and -inf; torch 2.13 gives 1.0 for the second, a wrong
+    finite value), and cek gives the right losses there."""
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "kernels.md").read_text()
+                    .split())
+    match = re.search(r"identical rows of (\d+) zeros, N\(0,1\) values and N\(0,1\) values "
+                      r"times (\S+); eager PyTorch on the CPU gives (\S+), (\S+) and (\S+) for "
+                      r"the three in float16, the (\S+) a wrong finite value", text)
+    assert match, "docs/kernels.md's sentence on eager torch in float16 changed: update this test"
+    width, scale = int(match[1]), float(match[2])
+    stated = [float(v.replace("−", "-")) for v in match.group(3, 4, 5)]
+    normal = torch.randn(1, width, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    y = torch.ones(1)
+    for row, value in zip((torch.zeros(1, width, dtype=torch.float64), normal, normal * scale),
+                          stated):
+        half = row.half()
+        got = F.cosine_embedding_loss(half, half.clone(), y, reduction="none").item()
+        assert got == value or (math.isnan(got) and math.isnan(value)), (got, value)
+        rounded = half.double().numpy()
+        right = reference.forward(rounded, rounded, y.numpy())
+        _close(ct.cosine_embedding_loss(half, half.clone(), y, reduction="none"),
+               torch.from_numpy(right), torch.float16)
+        if value == float(match[6]):  # the wrong finite one
+            assert math.isfinite(value) and abs(value - right[0]) > 0.5
 
 
 @pytest.mark.parametrize("case", ["zero vector", "large rows", "small rows"])
