@@ -1,7 +1,7 @@
 """cek's work as PyTorch custom ops (namespace `cek`): what torch.compile, torch.export, fake
 tensors and opcheck see. Inputs reach them already checked and broadcast by cek.torch: x1, x2
 (N, D) or (D,) of float dtypes, target (N,) or () of labels (a row is label 1 or -1 where its
-value is 1 or -1; cek.torch turns torch's integer and bool labels into such values).
+value is 1 or -1; cek.torch turns torch's labels of any dtype into such values).
 
 - cek::cosine_embedding_loss(x1, x2, target, margin, reduction) -> loss
 - cek::cosine_embedding_loss_backward(grad, x1, x2, target, margin, reduction) -> (dx1, dx2)
