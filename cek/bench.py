@@ -7,6 +7,15 @@ cache. Bandwidth is the kernel's own bytes formula (`Kernel.bytes_moved`, the sa
 provider: the useful traffic) over the median time, and is reported as a share of the device's
 copy bandwidth measured in the same run (a device-to-device copy, bytes read plus written).
 
+What is timed. The fused kernel is timed twice: alone (reduction "none", its per-row losses and
+gradients: what a caller of the raw kernel or of a per-row loss runs) and as a mean (the fused
+kernel, then cosine_embedding_loss_reduce over its per-row losses: what cek's functions and
+cek.torch run for a mean); its PyTorch baselines time a training step, the mean and its
+backward. The providers cek-torch, cek-torch-graph and cek-torch-compile time that step through
+cek.torch (eager, replayed from a CUDA graph, under torch.compile(fullgraph=True)) on the same
+tensors. Each row says its reduction; its GB/s count the bytes of what it runs, the per-row
+losses written and read again in a mean's (Kernel.bytes_moved of each kernel).
+
 Rows. Each row is handed over the moment it is timed (the CLI prints it and rewrites its JSON
 file), so a run killed by a timeout keeps every figure it measured. A row also carries the copy
 bandwidth its percentage is of, the wall time of the provider's first, checked call (building
@@ -36,11 +45,15 @@ from typing import Callable
 import numpy as np
 
 import cek
-from cek import check, dtypes, gpu
+from cek import check, dtypes, gpu, reference
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes
 
-PROVIDERS = ("cek", "cupy", "torch", "torch-compile")
+PROVIDERS = ("cek", "cupy", "torch", "torch-compile", "cek-torch", "cek-torch-graph",
+             "cek-torch-compile")
 TORCH_PROVIDERS = ("torch", "torch-compile")
+# A training step through cek.torch: the fused kernel's (its mean and backward) only.
+CEK_TORCH_PROVIDERS = ("cek-torch", "cek-torch-graph", "cek-torch-compile")
 CHECK_ROWS = 2048  # rows compared with the float64 reference before timing ...
 # ... and at most about this many elements: the reference and the comparison run on the host,
 # and 2048 rows of 16384 take some 20 s per width there.
@@ -72,6 +85,7 @@ class BenchRow:
     dtype: str
     n_rows: int
     n_dim: int
+    reduction: str  # "none": the kernel's per-row results; "mean": reduced as well
     median_ms: float
     p20_ms: float
     p80_ms: float
@@ -187,44 +201,92 @@ def _torch_or_none():
 
 def present(wanted) -> list[str]:
     """The providers of `wanted` that run here, in the order they run: cek always, cupy when
-    wanted, torch's when wanted and torch is installed."""
+    wanted, torch's and cek.torch's when wanted and torch is installed (cek-torch-graph where
+    torch has CUDA, which CUDA graphs need)."""
     names = ["cek", *(["cupy"] if "cupy" in wanted else [])]
-    if set(TORCH_PROVIDERS) & set(wanted) and _torch_or_none() is not None:
-        names += [name for name in TORCH_PROVIDERS if name in wanted]
+    torch = _torch_or_none()
+    if torch is not None:
+        names += [name for name in TORCH_PROVIDERS + CEK_TORCH_PROVIDERS if name in wanted and
+                  (name != "cek-torch-graph" or torch.cuda.is_available())]
     return names
 
 
+def reductions(kernel: Kernel, provider: str) -> tuple[str, ...]:
+    """What `provider` times for `kernel`: the fused kernel alone and as a mean for cek, a
+    training step (a mean) for PyTorch and cek.torch; per-row results otherwise. Empty where
+    the provider has nothing to time (cek.torch has no forward or backward alone)."""
+    if kernel.kind != "fused":
+        return () if provider in CEK_TORCH_PROVIDERS else ("none",)
+    if provider == "cek":
+        return ("none", "mean")
+    return ("none",) if provider == "cupy" else ("mean",)
+
+
+def bytes_moved(kernel: Kernel, reduction: str, n_rows: int, n_dim: int) -> int:
+    """The bytes of what a row of `reduction` runs: the kernel's, and a mean's reduction (each
+    per-row loss read again, the result written)."""
+    n_bytes = kernel.bytes_moved(n_rows, n_dim)
+    if reduction != "none":
+        n_bytes += CosineEmbeddingLossReduce.for_dtype(kernel.dtype).bytes_moved(n_rows)
+    return n_bytes
+
+
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
-    """Provider name -> build, for present(wanted): build() gives (run, outputs), run()
-    launches, outputs() gives name -> host array. Building is left to the caller, inside the
-    guard that turns a provider's failure into a reported one (building torch's backward graph
-    runs torch.compile, which can fail)."""
+    """(provider name, reduction) -> build, for present(wanted): build() gives (run, outputs),
+    run() launches, outputs() gives name -> host array. Building is left to the caller, inside
+    the guard that turns a provider's failure into a reported one (building torch's backward
+    graph runs torch.compile, which can fail)."""
     kind = kernel.kind  # the *_rows variants have their twin's baselines
     out = {}
     for name in present(wanted):
-        if name == "cek":
-            out[name] = partial(_cek_provider, bench, kernel, margin)
-        elif name == "cupy":
-            out[name] = partial(_cupy_provider, bench.cupy, bench, kind, margin)
-        else:
-            out[name] = partial(_torch_provider, _torch_or_none(), bench, kind, margin,
+        for reduction in reductions(kernel, name):
+            if name == "cek":
+                build = partial(_cek_provider, bench, kernel, margin, reduction)
+            elif name == "cupy":
+                build = partial(_cupy_provider, bench.cupy, bench, kind, margin)
+            elif name in TORCH_PROVIDERS:
+                build = partial(_torch_provider, _torch_or_none(), bench, kind, margin,
                                 name == "torch-compile")
+            else:
+                build = partial(_cek_torch_provider, _torch_or_none(), bench, margin,
+                                name.removeprefix("cek-torch").lstrip("-") or "eager")
+            out[name, reduction] = build
     return out
 
 
-def _cek_provider(bench: Bench, kernel: Kernel, margin: float):
+def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = "none"):
+    """The kernel through gpu.load's checks once, then timed as the compiled function itself;
+    for a mean, each run also launches the reduction of its per-row losses."""
     cp = bench.cupy
     n, d = bench.n_rows, bench.n_dim
     args, device_out = check.build_args(kernel, {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
                                                  "dy": bench.dy if kernel.kind == "backward" else None,
                                                  "scale": 1.0 / n}, margin, xp=cp)
-    grid, block, smem = kernel.launch_config(n, d)
-    gpu.load(kernel)(grid, block, args, shared_mem=smem)  # once through every check
-    # Timed: the compiled function itself, without the per-launch checks of gpu.load.
+    launches = [_checked_launch(cp, kernel, kernel.launch_config(n, d), args)]
+    reduced = None
+    if reduction != "none":
+        reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)
+        reduced = dtypes.nan_filled((), kernel.dtype, cp)
+        launches.append(_checked_launch(cp, reduce, reduce.launch_config(n),
+                                        (device_out["loss"], reduced, n, 1.0 / n)))
+
+    def outputs():
+        got = {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()}
+        if reduced is not None:
+            got["reduced"] = cp.asnumpy(reduced)
+        return got
+
+    return (launches[0] if len(launches) == 1 else lambda: [run() for run in launches]), outputs
+
+
+def _checked_launch(cp, kernel: Kernel, config: tuple, args: tuple):
+    """Launches `kernel` once through every check of gpu.load, and returns the compiled
+    function's own launch with those arguments: what is timed, without the checks."""
+    grid, block, smem = config
+    gpu.load(kernel)(grid, block, args, shared_mem=smem)
     cast = gpu.raw_args(kernel, kernel.check_args(args, (cp.ndarray,)))
     raw = gpu.get_function(kernel)
-    return (lambda: raw(grid, block, cast, shared_mem=smem),
-            lambda: {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()})
+    return lambda: raw(grid, block, cast, shared_mem=smem)
 
 
 def _cupy_provider(cp, bench: Bench, kind: str, margin: float):
@@ -296,18 +358,86 @@ def _torch_provider(torch, bench: Bench, kind: str, margin: float, compiled: boo
     return run, lambda: {k: _torch_host(torch, k, v, bench.check_rows) for k, v in result.items()}
 
 
+def _cek_torch_provider(torch, bench: Bench, margin: float, mode: str):
+    """A training step through cek.torch on the bench's tensors: the mean, then its backward,
+    eager, replayed from a CUDA graph ("graph") or under torch.compile(fullgraph=True)."""
+    import cek.torch as ct
+
+    x1 = _torch_tensor(torch, bench.x1, bench.dtype).requires_grad_()
+    x2 = _torch_tensor(torch, bench.x2, bench.dtype).requires_grad_()
+    y = torch.from_dlpack(bench.y)
+    loss_fn = ct.cosine_embedding_loss
+    if mode == "compile":
+        loss_fn = torch.compile(loss_fn, fullgraph=True)
+    result = {}
+
+    def step():
+        x1.grad = x2.grad = None
+        loss = loss_fn(x1, x2, y, margin=margin)
+        loss.backward()
+        result.update({"dx1": x1.grad, "dx2": x2.grad, "reduced": loss})
+
+    def outputs():
+        got = {k: _torch_host(torch, k, result[k], bench.check_rows) for k in ("dx1", "dx2")}
+        loss = result["reduced"].detach().cpu()
+        got["reduced"] = (loss.view(torch.int16).numpy().view(np.uint16)
+                          if loss.dtype == torch.bfloat16 else loss.numpy())
+        return got
+
+    return (_graphed(torch, step) if mode == "graph" else step), outputs
+
+
+def _graphed(torch, step):
+    """`step` captured in a CUDA graph after a warm-up on a side stream (torch's whole-network
+    recipe); the replay is what runs. The step sets .grad to None before its backward, so the
+    captured backward allocates .grad from the graph's pool and each replay rewrites it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def expected(kernel: Kernel, bench: Bench, margin: float) -> tuple[dict, dict]:
-    """The float64 reference of the checked rows, and the size each is judged by."""
+    """The float64 reference of the checked rows, and the size each is judged by; for the
+    fused kernel also the mean of all N losses ("reduced"), in float64 on the device."""
     inputs = dict(bench.host)
-    if kernel.kind == "fused":
-        inputs["dy"], inputs["scale"] = None, 1.0 / bench.n_rows
-    return check.expected(kernel, inputs, margin)
+    if kernel.kind != "fused":
+        return check.expected(kernel, inputs, margin)
+    inputs["dy"], inputs["scale"] = None, 1.0 / bench.n_rows
+    want, size = check.expected(kernel, inputs, margin)
+    want["reduced"] = np.asarray(mean_reference(bench.cupy, bench.x1, bench.x2, bench.y, margin,
+                                                bench.dtype))
+    size["reduced"] = np.asarray(1.0)
+    return want, size
 
 
-def check_provider(provider: str, dtype: str, got: dict, want: dict, size: dict) -> list[str]:
-    """Failures of a provider's outputs against the reference `want` (empty when it passes)."""
-    # PyTorch's training step reduces the loss to its mean: its per-row loss is not there.
-    skip = {"loss"} if provider in TORCH_PROVIDERS else set()
+def mean_reference(xp, x1, x2, y, margin: float, dtype: str) -> float:
+    """The mean of every row's loss, cek.reference's formula in float64 on xp's device (N rows
+    are too many for the host reference at the bench's sizes)."""
+    x1, x2 = (dtypes.widen(x, dtype, xp).astype(xp.float64) for x in (x1, x2))
+    r1 = 1 / xp.sqrt((x1 * x1).sum(1) + reference.EPS)
+    r2 = 1 / xp.sqrt((x2 * x2).sum(1) + reference.EPS)
+    c = (x1 * x2).sum(1) * r1 * r2
+    loss = xp.where(y == 1, 1 - c, xp.where(y == -1, xp.where(c <= margin, 0.0, c - margin), 0.0))
+    return float(loss.mean())
+
+
+def check_provider(provider: str, dtype: str, got: dict, want: dict, size: dict,
+                   reduction: str = "none") -> list[str]:
+    """Failures of a provider's outputs against the reference `want` (empty when it passes):
+    per-row results, and for a mean the mean. A training step (PyTorch's, cek.torch's) has no
+    per-row loss; PyTorch's mean is not judged (it rounds to the dtype as it goes)."""
+    skip = set() if reduction == "mean" else {"reduced"}
+    if provider in TORCH_PROVIDERS + CEK_TORCH_PROVIDERS:
+        skip.add("loss")
+    if provider in TORCH_PROVIDERS:
+        skip.add("reduced")
     missing = sorted(set(want) - set(got) - skip)
     if missing:
         return [f"{', '.join(missing)} not computed"]
@@ -317,12 +447,25 @@ def check_provider(provider: str, dtype: str, got: dict, want: dict, size: dict)
 
 
 def versions() -> dict:
+    """cek's, Python's, NumPy's; CuPy's, the CUDA runtime and driver it sees, and the NVRTC it
+    loaded (which compiles the timed kernels); the NVRTC cek.compile finds (the static figures'
+    compiler, "nvrtc_cek"); torch's."""
     found = {"cek": cek.__version__, "python": platform.python_version(), "numpy": np.__version__}
     cupy = gpu.cupy_or_none()
     if cupy is not None:
         found["cupy"] = cupy.__version__
         found["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
         found["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
+        try:
+            found["nvrtc"] = "{}.{}".format(*cupy.cuda.nvrtc.getVersion())
+        except Exception as exc:  # noqa: BLE001 - a missing NVRTC is reported, not fatal
+            found["nvrtc"] = f"unavailable: {type(exc).__name__}"
+    try:
+        from cek.compile import nvrtc_version
+
+        found["nvrtc_cek"] = "{}.{}".format(*nvrtc_version())
+    except Exception as exc:  # noqa: BLE001 - cuda-bindings missing: the timings stand
+        found["nvrtc_cek"] = f"unavailable: {type(exc).__name__}"
     try:
         import torch
 
@@ -399,25 +542,28 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
     rows, failures = [], []
     for short in kernel_names:
         kernel = kernel_classes()[short].for_n_dim(n_dim, dtype)
-        n_bytes = kernel.bytes_moved(n_rows, n_dim)
         want, size = expected(kernel, bench, margin)  # once: the reference is the slow part
-        cek_ms, timed = None, []
-        for provider, build in providers_for(bench, kernel, providers, margin).items():
-            log(f"{kernel.id} {provider} {n_rows}x{n_dim}")
+        cek_ms, timed = {}, []  # cek's median by reduction: each baseline's speed-up is over it
+        for (provider, reduction), build in providers_for(bench, kernel, providers,
+                                                          margin).items():
+            what = f"{kernel.id} {provider} {n_rows}x{n_dim}" + (
+                f" {reduction}" if reduction != "none" else "")
+            log(what)
             start = clock.perf_counter()
-            run, bad = _first_run(bench, provider, build, want, size)
+            run, bad = _first_run(bench, provider, reduction, build, want, size)
             first_s = clock.perf_counter() - start
             if bad:
-                failures.append(f"{kernel.id} {provider} {n_rows}x{n_dim}: {bad}, not timed")
+                failures.append(f"{what}: {bad}, not timed")
                 continue
             median, p20, p80 = percentiles(bench.time(run))
             if provider == "cek":
-                cek_ms = median
-            speedup = None if cek_ms is None or provider == "cek" else median / cek_ms
-            gbs = gb_per_s(n_bytes, median)
-            timed.append(BenchRow(short, provider, dtype, n_rows, n_dim, median, p20, p80, gbs,
-                                  100 * gbs / copy_gbs, speedup, copy_gbs, first_s, None, name,
-                                  vers, stamp))
+                cek_ms[reduction] = median
+            speedup = None if provider == "cek" or reduction not in cek_ms else \
+                median / cek_ms[reduction]
+            gbs = gb_per_s(bytes_moved(kernel, reduction, n_rows, n_dim), median)
+            timed.append(BenchRow(short, provider, dtype, n_rows, n_dim, reduction, median, p20,
+                                  p80, gbs, 100 * gbs / copy_gbs, speedup, copy_gbs, first_s,
+                                  None, name, vers, stamp))
             on_row(timed[-1])
         if timed:
             static = static_figures(kernel, n_rows, n_dim, arch, static_gpu, warn)
@@ -428,7 +574,7 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
     return rows, failures
 
 
-def _first_run(bench: Bench, provider: str, build, want: dict, size: dict):
+def _first_run(bench: Bench, provider: str, reduction: str, build, want: dict, size: dict):
     """(run, why it must not be timed: "" when its first run is right). A baseline that fails
     to build or raises (torch.compile without a working compiler, say) is a failure of that
     provider alone: the other numbers of the sweep still come out."""
@@ -436,7 +582,7 @@ def _first_run(bench: Bench, provider: str, build, want: dict, size: dict):
         run, outputs = build()
         run()
         bench.cupy.cuda.get_current_stream().synchronize()
-        bad = check_provider(provider, bench.dtype, outputs(), want, size)
+        bad = check_provider(provider, bench.dtype, outputs(), want, size, reduction)
     except Exception as exc:  # noqa: BLE001 - reported, with its type, as the failure
         return None, f"raised {type(exc).__name__}: {exc}"
     return run, f"wrong result: {bad[0]}" if bad else ""

@@ -1,4 +1,5 @@
-"""A PNG of bandwidth against row width, one line per (kernel, provider). Needs matplotlib."""
+"""A PNG of bandwidth against row width, one line per (kernel, provider, reduction). Needs
+matplotlib."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ def plot_bandwidth(rows: list[dict], path: Path) -> None:
     except ImportError as exc:
         raise ImportError("--plot needs matplotlib: pip install matplotlib") from exc
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key in sorted({(r["kernel"], r["provider"]) for r in rows}):
-        points = sorted((r["n_dim"], r["gb_per_s"]) for r in rows if (r["kernel"], r["provider"]) == key)
-        ax.plot([d for d, _ in points], [g for _, g in points], marker="o", label=" ".join(key))
+    def key(r):  # a row without a reduction (an older file) is a per-row one
+        return r["kernel"], r["provider"], r.get("reduction", "none")
+
+    for line in sorted({key(r) for r in rows}):
+        points = sorted((r["n_dim"], r["gb_per_s"]) for r in rows if key(r) == line)
+        label = " ".join(line[:2] if line[2] == "none" else line)
+        ax.plot([d for d, _ in points], [g for _, g in points], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("D (row width)")
     ax.set_ylabel("GB/s (kernel bytes formula)")

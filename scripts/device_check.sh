@@ -2,19 +2,24 @@
 # One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads),
 # built so that it cannot come back without figures. Results land under $OUT (default ./out):
 #   env.txt        preflight: GPU, C compiler, imports, a tiny CuPy compile + launch, versions
+#                  (CuPy's NVRTC and cek's among them)
+#   compile.log    every kernel the bench steps launch, compiled by CuPy before any is timed
 #   steps.log      each step's exit status and seconds ("killed by its timeout" when it was)
 #   tables.txt     every step's table, row by row as timed; bench.log its warnings and failures
 #   gpu_tests.log  the gpu test tier
 #   bench.json     every timed row of every step (field "run": the step), merged at the end
-#   train_step.json  one training step of the loss, eager / CUDA graph / torch.compile
 #   bench_fused.png
-# Order: cek and the copy bandwidth at the target shapes first, in steps of their own; then the
-# gpu tier; then the baselines; torch.compile in its own step (its first compiles can take tens
-# of seconds; first_s in its rows is that time); then a training step; then the sweeps. Each step has a timeout, and
-# the timeouts add up to the 6-minute budget. `cek bench` writes each row as soon as it is timed,
-# so a step killed by its timeout keeps the rows it timed, and the summary is written whatever
-# the steps did. A step that ignores the timeout's TERM is killed KILL_AFTER_S (5) seconds later.
-# LIMIT_<step>=SECONDS overrides a step's timeout; CEK_PYTHON the Python to use.
+# Order, what a first run needs first: the preflight and the compile of every kernel the steps
+# use; cek at the target shapes (fused alone and as a mean, forward, backward, and a training
+# step through cek.torch, eager and from a CUDA graph, beside torch's eager step); the gpu tier
+# (its CLI bench test, the slowest, deselected: the steps here run that bench); the baselines and
+# the sweeps; torch.compile last (its first compiles take tens of seconds; first_s in its rows is
+# that time). Each step has a timeout; the timeouts, and each one's KILL_AFTER_S, add up to less
+# than the 8-minute budget.
+# `cek bench` writes each row as soon as it is timed, so a step killed by its timeout keeps the
+# rows it timed, and the summary is written whatever the steps did. A step that ignores the
+# timeout's TERM is killed KILL_AFTER_S (5) seconds later. LIMIT_<step>=SECONDS overrides a
+# step's timeout; CEK_PYTHON the Python to use.
 #
 #   bash scripts/device_check.sh            # from the repository root
 set -uo pipefail
@@ -110,47 +115,55 @@ export OUT PY
 step preflight 20 bash -c preflight >"$OUT/env.txt" 2>&1
 grep MISSING "$OUT/env.txt"
 
-# 2. cek and the copy bandwidth (each step times the copy first) at the target shapes, alone:
-#    65536x768 (fused, forward, backward: the *_rows variants run their twins' code at this
-#    width), 8192x4096 and 1048576x128 (fused).
-bench cek_768 25 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
-    --repeat 100 --baseline none
-bench cek_4096 12 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline none
-bench cek_128 12 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline none
+# 2. Every kernel the bench steps launch, compiled by CuPy into its disk cache, so that no
+#    timed step waits on NVRTC.
+step compile 45 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/compile.log" 2>&1
 
-# 3. The gpu tier: kernels, functional API and bench against the float64 reference.
-step gpu_tests 90 $PY -m pytest -q -m gpu -p no:cacheprovider tests >"$OUT/gpu_tests.log" 2>&1
+# 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
+#    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
+#    (the mean and its backward) through cek.torch, eager and replayed from a CUDA graph, beside
+#    torch's eager step; at 65536x768 forward and backward too (the *_rows variants run their
+#    twins' code at this width).
+STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
+bench cek_768 45 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+    $STEP
+bench cek_4096 20 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
+bench cek_128 30 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
 
-# 4. The baselines at the target shapes (cek again in each step: its speed-up is same-run).
-bench base_768 30 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
-    --repeat 100 --baseline cupy,torch
-bench base_4096 12 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline cupy,torch
-bench base_128 12 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline cupy,torch
+# 4. The gpu tier: kernels, functional API, cek.torch against the float64 reference, and the
+#    mean and sum at 65536x768 launch after launch; not the CLI bench test, which the steps here
+#    run.
+step gpu_tests 100 $PY -m pytest -q -m gpu -p no:cacheprovider tests \
+    --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
+    >"$OUT/gpu_tests.log" 2>&1
 
-# 5. torch.compile, alone: its compile time is first_s in its rows; whatever it does, it can
-#    cost no other figure.
-bench torch_compile 55 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward \
-    --kernel backward --repeat 100 --baseline torch-compile
+# 5. The CuPy baseline at the target shapes (cek again in each step: its speed-up is same-run).
+bench base_768 20 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+    --repeat 100 --baseline cupy
+bench base_4096 8 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline cupy
+bench base_128 12 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline cupy
 
-# 6. One training step (forward and backward) the ways training loops run it: eager, a CUDA
-#    graph, torch.compile; cek.torch against torch's own loss. Rows in train_step.json.
-echo "== train_step" >>"$OUT/tables.txt"
-step train_step 30 $PY scripts/step_bench.py --n-rows 65536 --n-dim 768 --repeat 50 \
-    --json-file "$OUT/train_step.json" >>"$OUT/tables.txt" 2>>"$OUT/bench.log"
-
-# 7. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
+# 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 20 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
+bench sweep_fused 18 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
     --plot "$OUT/bench_fused.png"
 # The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 15 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+bench sweep_fused_bf16 12 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
     --baseline cupy,torch
-bench sweep_fwd_bwd 15 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+bench sweep_fwd_bwd 12 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 10 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+bench sweep_rows 8 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
     --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
     --repeat 50 --baseline none
+
+# 7. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 (its
+#    first compiles take tens of seconds each: the other shapes do not fit the budget; run them
+#    with `cek bench --n-dim 4096 --n-rows 8192 --dtype f32 --dtype bf16 --baseline
+#    torch-compile,cek-torch-compile`, and at 128 x 1048576). Its compile time is first_s in its
+#    rows; whatever it does, it can cost no other figure.
+bench torch_compile 50 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
+    --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.
 $PY - "$PARTS" "$OUT/bench.json" <<'PY'

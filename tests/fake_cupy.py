@@ -37,6 +37,7 @@ from cek import emulate, gpu, validate
 FAKE_MS = (0.1, 0.2, 0.3, 0.4, 0.5)
 NAME = "Stand-in GPU (NumPy and the cek emulator)"
 CUDA_VERSION = 12080
+NVRTC_VERSION = (12, 8)
 
 
 _GPU0 = types.SimpleNamespace(id=0)
@@ -144,6 +145,7 @@ class StandIn:
                 runtimeGetVersion=lambda: CUDA_VERSION,
                 driverGetVersion=lambda: CUDA_VERSION,
             ),
+            nvrtc=types.SimpleNamespace(getVersion=lambda: NVRTC_VERSION),
         )
 
     def _device_class(self):

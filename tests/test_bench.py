@@ -69,7 +69,8 @@ def test_bench_without_a_gpu_exits_1_with_one_line(monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--baseline", "numba"], "Invalid value for '--baseline': unknown baseline 'numba'; choose "
-                              "from cupy, torch, torch-compile (or 'none')"),
+                              "from cupy, torch, torch-compile, cek-torch, cek-torch-graph, "
+                              "cek-torch-compile (or 'none')"),
     (["--n-rows", "-3"], "Invalid value for '--n-rows': must be a positive integer below 2**31 "
                          "or 'auto', got '-3'"),
     (["--n-rows", str(2**31)], "Invalid value for '--n-rows': must be a positive integer below "
@@ -181,8 +182,9 @@ def test_bench_runs_checks_and_writes_json(tmp_path):
     assert {r["provider"] for r in rows} >= {"cek", "cupy"}
     assert {r["dtype"] for r in rows} == {"f32", "bf16"}
     assert all(r["gb_per_s"] > 0 and 0 < r["pct_of_copy"] for r in rows)
-    assert {"kernel", "provider", "dtype", "n_rows", "n_dim", "median_ms", "p20_ms", "p80_ms",
-            "gb_per_s", "pct_of_copy", "gpu", "versions", "timestamp"} <= set(rows[0])
+    assert {"kernel", "provider", "dtype", "n_rows", "n_dim", "reduction", "median_ms", "p20_ms",
+            "p80_ms", "gb_per_s", "pct_of_copy", "gpu", "versions", "timestamp"} <= set(rows[0])
+    assert {"gpu", "cupy", "cuda_driver", "nvrtc", "nvrtc_cek", "cek"} <= {"gpu", *rows[0]["versions"]}
 
 
 # -- the whole bench on the stand-in -------------------------------------------------------------
@@ -190,6 +192,13 @@ def test_bench_runs_checks_and_writes_json(tmp_path):
 KERNELS = list(kernel_classes())
 SHAPES = [(64, 8), (8, 768)]  # row groups; registers. Both have more rows than are checked.
 PROVIDERS = ["cek", "cupy", "torch"]  # torch-compile would compile C++ for minutes
+
+
+def timed_rows(kernels=KERNELS, providers=PROVIDERS) -> list[tuple[str, str, str]]:
+    """(kernel, provider, reduction) of every row a run times, in order: the fused kernel's cek
+    rows alone and as a mean, PyTorch's a training step (a mean), the rest per row."""
+    return [(k, p, r) for k in kernels for p in providers
+            for r in bench.reductions(kernel_classes()[k].for_n_dim(8), p)]
 FAKE = fake_cupy.FAKE_MS * 10  # what one timing of 50 repetitions reads
 # What the stand-in static report says of every kernel (the real one compiles each kernel):
 # shown in the bench table as rounds 2, occ% 75, inflight/SM 48K (49152 / 1024), need/SM 8K.
@@ -228,14 +237,30 @@ def _short(failure: str) -> tuple[str, str]:
     return short[kernel_id.split("__")[0]], provider
 
 
-def _bytes(kernel: str, dtype: str, n: int, d: int) -> int:
-    return kernel_classes()[kernel].for_n_dim(d, dtype).bytes_moved(n, d)
+def _bytes(kernel: str, dtype: str, n: int, d: int, reduction: str = "none") -> int:
+    """The row kernel's bytes, and a mean's: the per-row losses read again, the result written
+    (A*N + S)."""
+    n_bytes = kernel_classes()[kernel].for_n_dim(d, dtype).bytes_moved(n, d)
+    if reduction == "mean":
+        d_type = dtypes.get(dtype)
+        n_bytes += d_type.acc.itemsize * n + d_type.array.itemsize
+    return n_bytes
 
 
 def _refused(dtype: str, d: int) -> set:
     """Providers right to fail: PyTorch in float16 at D = 768, where sq1*sq2 (~768^2) overflows
     float16 to inf, the cosine comes out 0 and the loss 1 (README: eager PyTorch gives 1 there)."""
     return {(k, "torch") for k in KERNELS} if (dtype, d) == ("f16", 768) else set()
+
+
+def test_what_each_provider_times():
+    fused, forward = kernel_classes()["fused"].for_n_dim(8), kernel_classes()["forward"](8)
+    assert bench.reductions(fused, "cek") == ("none", "mean")
+    assert bench.reductions(fused, "cupy") == ("none",)
+    assert all(bench.reductions(fused, p) == ("mean",) for p in bench.PROVIDERS[2:])
+    assert bench.reductions(forward, "torch") == ("none",)
+    assert all(bench.reductions(forward, p) == () for p in bench.CEK_TORCH_PROVIDERS)
+    assert bench.bytes_moved(fused, "mean", 64, 768) == fused.bytes_moved(64, 768) + 4 * 64 + 4
 
 
 @pytest.mark.emulator
@@ -257,23 +282,28 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
                                          dtype=dtype)
         assert {_short(f) for f in failures} == _refused(dtype, d), failures
         assert all("wrong result" in f and f.endswith("not timed") for f in failures)
-        timed = {(k, p) for k in KERNELS for p in PROVIDERS} - _refused(dtype, d)
-        assert sorted((r.kernel, r.provider) for r in rows) == sorted(timed)
+        timed = [t for t in timed_rows() if t[:2] not in _refused(dtype, d)]
+        assert [(r.kernel, r.provider, r.reduction) for r in rows] == timed
         # One timing for the copy and one per right provider, 50 repetitions each.
         assert standin.elapsed_reads - reads == 50 * (1 + len(timed))
-        # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed.
+        # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed; the
+        # fused kernel twice (alone and as a mean), the mean's reduction after it each time.
         for kernel in KERNELS:
-            assert standin.ids().count(kernel_classes()[kernel].for_n_dim(d, dtype).id) == 57
-        assert len(standin.launches) == 57 * len(KERNELS)
+            runs = 2 if kernel == "fused" else 1
+            assert standin.ids().count(kernel_classes()[kernel].for_n_dim(d, dtype).id) == \
+                57 * runs
+        assert standin.ids().count(f"cosine_embedding_loss_reduce__{dtype}__1024") == 57
+        assert len(standin.launches) == 57 * (len(KERNELS) + 2)
 
         copy_bytes = 2 * 2 * n * d * dtypes.get(dtype).array.itemsize  # x1 and x2, read + write
         for r in rows:
             assert (r.dtype, r.n_rows, r.n_dim) == (dtype, n, d)
             assert (r.median_ms, r.p20_ms, r.p80_ms) == pytest.approx((median, p20, p80))
-            n_bytes = _bytes(r.kernel, dtype, n, d)
+            n_bytes = _bytes(r.kernel, dtype, n, d, r.reduction)
             assert r.gb_per_s == pytest.approx(n_bytes / (median * 1e-3) / 1e9, rel=1e-12)
             assert r.pct_of_copy == pytest.approx(100 * n_bytes / copy_bytes, rel=1e-12)
             assert r.speedup_of_cek == (None if r.provider == "cek" else pytest.approx(1.0))
+            assert r.versions["nvrtc"] == "{}.{}".format(*fake_cupy.NVRTC_VERSION)
             assert r.gpu == fake_cupy.NAME
             assert r.versions["cuda_runtime"] == r.versions["cuda_driver"] == fake_cupy.CUDA_VERSION
             assert {"cek", "python", "numpy", "cupy", "torch"} <= set(r.versions)
@@ -291,12 +321,13 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
         "--plot", str(png)])
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
-    assert sorted((r["kernel"], r["provider"], r["dtype"]) for r in rows) == sorted(
-        (k, p, t) for k in KERNELS for p in PROVIDERS for t in ("f32", "bf16"))
+    assert [(r["kernel"], r["provider"], r["reduction"], r["dtype"]) for r in rows] == [
+        (*row, t) for t in ("f32", "bf16") for row in timed_rows()]
     assert set(rows[0]) == {f.name for f in dataclasses.fields(bench.BenchRow)}
     for r in rows:
         assert r["gb_per_s"] == pytest.approx(
-            _bytes(r["kernel"], r["dtype"], 64, 8) / (np.median(FAKE) * 1e-3) / 1e9, rel=1e-12)
+            _bytes(r["kernel"], r["dtype"], 64, 8, r["reduction"]) / (np.median(FAKE) * 1e-3) / 1e9,
+            rel=1e-12)
         assert (r["n_rows"], r["n_dim"], r["gpu"]) == (64, 8, fake_cupy.NAME)
         assert r["static"] == {"kernel_id": kernel_classes()[r["kernel"]].for_n_dim(8, r["dtype"]).id,
                                **STATIC}
@@ -306,10 +337,12 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
                                 "rounds", "occ%", "inflight/SM", "need/SM"]
     # Each kernel's rows as timed, then its static line, after its timings.
     assert [line.split()[:3] for line in table[1:]] == [
-        [k, p, t] for t in ("f32", "bf16") for k in KERNELS for p in [*PROVIDERS, "(static)"]]
-    # fused bf16: 4*2*64*8 + 2*4*64 bytes over a copy of 2*2*64*8*2: 112.5% (the per-row
-    # arrays count at this size). The last column is a wall-clock time.
-    assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "112.5",
+        [k, p, t] for t in ("f32", "bf16") for k in KERNELS
+        for p in [p for k2, p, _ in timed_rows() if k2 == k] + ["(static)"]]
+    # fused bf16 as a mean (PyTorch's training step): 4*2*64*8 + 2*4*64 bytes, and the mean's
+    # 4*64 + 2, over a copy of 2*2*64*8*2: 118.8% (the per-row arrays count at this size). The
+    # last column is a wall-clock time.
+    assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "118.8",
             "1.00x"] in [line.split()[:-1] for line in table]
     assert ["fused", "(static)", "bf16", "64x8", "2", "75", "48K", "8K"] in [
         line.split() for line in table]
@@ -343,8 +376,8 @@ def test_a_wrong_provider_is_reported_and_not_timed(standin, monkeypatch, tmp_pa
     assert sorted((r.kernel, r.provider) for r in rows) == [
         ("backward", "cek"), ("backward", "cupy"), ("backward-keep", "cek"),
         ("backward-keep", "cupy"), ("backward-rows", "cek"), ("backward-rows", "cupy"),
-        ("forward", "cek"), ("forward-rows", "cek"), ("fused", "cek")]
-    assert standin.elapsed_reads == 50 * (1 + 9)  # the copy and the nine right providers
+        ("forward", "cek"), ("forward-rows", "cek"), ("fused", "cek"), ("fused", "cek")]
+    assert standin.elapsed_reads == 50 * (1 + 10)  # the copy and the ten right rows
 
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
@@ -395,7 +428,8 @@ def test_a_failing_torch_compile_costs_only_its_own_rows(standin, monkeypatch):
     monkeypatch.setattr(torch, "compile", broken_compile)
     rows, failures = bench.run_bench(["backward", "fused"], 64, 8, ["cek", "torch-compile"], 50,
                                      log=lambda m: None)
-    assert [(r.kernel, r.provider) for r in rows] == [("backward", "cek"), ("fused", "cek")]
+    assert [(r.kernel, r.provider) for r in rows] == [("backward", "cek"), ("fused", "cek"),
+                                                     ("fused", "cek")]
     assert [_short(f) for f in failures] == [("backward", "torch-compile"),
                                              ("fused", "torch-compile")]
     assert all("raised RuntimeError: planted: no working C compiler, not timed" in f
@@ -421,14 +455,16 @@ def test_each_row_carries_the_static_report_of_its_kernel_and_shape(standin, mon
                      for k in ("forward", "fused")]
     assert [(r.kernel, r.provider, r.static) for r in rows] == [
         ("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1}),
-        ("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]
+        ("fused", "cek", {"registers": 2}), ("fused", "cek", {"registers": 2}),
+        ("fused", "cupy", {"registers": 2})]
     # Each row handed over as soon as it is timed, then the kernel's rows together with the
     # figures of the static report, which comes after the kernel's timings so that it can
     # cost none of them.
     assert seen == [("forward", "cek", None), ("forward", "cupy", None),
                     [("forward", "cek", {"registers": 1}), ("forward", "cupy", {"registers": 1})],
-                    ("fused", "cek", None), ("fused", "cupy", None),
-                    [("fused", "cek", {"registers": 2}), ("fused", "cupy", {"registers": 2})]]
+                    ("fused", "cek", None), ("fused", "cek", None), ("fused", "cupy", None),
+                    [("fused", "cek", {"registers": 2}), ("fused", "cek", {"registers": 2}),
+                     ("fused", "cupy", {"registers": 2})]]
     assert capsys.readouterr().err == ""
 
     # Without the report module, or when it fails: None, said once on stderr, timed anyway.
@@ -445,8 +481,8 @@ def test_each_row_carries_the_static_report_of_its_kernel_and_shape(standin, mon
 
 
 def _row(n_dim: int, provider: str = "cek") -> bench.BenchRow:
-    return bench.BenchRow("fused", provider, "f32", 64, n_dim, 1.0, 0.9, 1.1, 100.0, 50.0, None,
-                          200.0, 0.5, None, "test", {}, "now")
+    return bench.BenchRow("fused", provider, "f32", 64, n_dim, "none", 1.0, 0.9, 1.1, 100.0,
+                          50.0, None, 200.0, 0.5, None, "test", {}, "now")
 
 
 def test_a_sweep_cut_short_keeps_every_row_it_timed(monkeypatch, tmp_path):
@@ -525,11 +561,12 @@ def test_json_rows_carry_their_static_figures_on_the_stand_in(standin):
                                        "--repeat", "50", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    assert [(r["kernel"], r["provider"]) for r in rows] == [
-        ("forward", "cek"), ("forward", "cupy"), ("fused", "cek"), ("fused", "cupy")]
+    assert [(r["kernel"], r["provider"], r["reduction"]) for r in rows] == [
+        ("forward", "cek", "none"), ("forward", "cupy", "none"), ("fused", "cek", "none"),
+        ("fused", "cek", "mean"), ("fused", "cupy", "none")]
     assert [r["static"] for r in rows] == [
         {"kernel_id": kernel_classes()[k].for_n_dim(8, "f32").id, **STATIC}
-        for k in ("forward", "forward", "fused", "fused")]
+        for k in ("forward", "forward", "fused", "fused", "fused")]
 
 
 @pytest.mark.emulator
@@ -552,3 +589,36 @@ def test_a_report_without_a_figure_shows_a_dash_and_costs_no_row(standin, monkey
         ["kernel", "provider"], ["forward", "cek"]]
     assert result.stderr.startswith("cek bench: no static report for "
                                     "cosine_embedding_loss_forward__f32__8: ZeroDivisionError")
+
+
+@pytest.mark.emulator
+def test_the_training_step_through_cek_torch_is_timed_and_judged(standin, monkeypatch):
+    """cek-torch and cek-torch-compile time a training step through cek.torch (on the stand-in
+    its CPU path, on CPU tensors; torch.compile left out, as it would compile C++), judged on
+    the gradients and on the mean against the float64 mean of every row. cek-torch-graph needs
+    torch's CUDA. A step off by 1% is refused."""
+    import torch
+
+    import cek.torch as ct
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    wanted = ["cek", "torch", *bench.CEK_TORCH_PROVIDERS]
+    assert bench.present(wanted) == ["cek", "torch", "cek-torch", "cek-torch-compile"]
+    rows, failures = bench.run_bench(["fused", "forward"], 64, 8, wanted, 50, log=lambda m: None,
+                                     dtype="bf16")
+    assert failures == []
+    assert [(r.kernel, r.provider, r.reduction) for r in rows] == [
+        ("fused", "cek", "none"), ("fused", "cek", "mean"), ("fused", "torch", "mean"),
+        ("fused", "cek-torch", "mean"), ("fused", "cek-torch-compile", "mean"),
+        ("forward", "cek", "none"), ("forward", "torch", "none")]
+    mean_bytes = _bytes("fused", "bf16", 64, 8, "mean")
+    assert all(r.gb_per_s == pytest.approx(mean_bytes / (np.median(FAKE) * 1e-3) / 1e9)
+               for r in rows if r.reduction == "mean")
+
+    right = ct.cosine_embedding_loss
+    monkeypatch.setattr(ct, "cosine_embedding_loss", lambda *a, **k: 1.01 * right(*a, **k))
+    rows, failures = bench.run_bench(["fused"], 64, 8, ["cek", "cek-torch"], 50,
+                                     log=lambda m: None)
+    assert [r.provider for r in rows] == ["cek", "cek"]
+    assert len(failures) == 1 and failures[0].startswith(
+        "cosine_embedding_loss_fused__f32__8 cek-torch 64x8 mean: wrong result: ")

@@ -1,7 +1,9 @@
 """cpu tier: scripts/device_check.sh, the one run on a lent GPU, is checked here before it gets
-there: every `cek bench` call in it parses, its step timeouts fit its 6-minute budget, cek is
-timed before any baseline; and (emulator tier) the whole script runs on the stand-in for CuPy
-with a slow and a hanging provider planted, and still comes back with its figures.
+there: every `cek bench` call in it parses, its step timeouts fit its 8-minute budget, its steps
+come in the order a first run needs (every kernel compiled, then cek and the training step at
+the target shapes, the gpu tier without its CLI bench test, the baselines, torch.compile last);
+and (emulator tier) the whole script runs on the stand-in for CuPy with a slow and a hanging
+provider planted, and still comes back with its figures.
 
 Run as a program, this file is the Python the script is given in that test (CEK_PYTHON): it
 runs `-m cek bench` on the stand-in, shrunk to one small width, with the plants of CEK_PLANT.
@@ -20,23 +22,37 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device_check.sh"
-BUDGET_S = 360
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+from cek.kernel import kernel_classes
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "device_check.sh"
+BUDGET_S = 480
+KILL_AFTER_S = 5  # the script's grace after a step's TERM
+
+
+def _compile_kernels():
+    """scripts/compile_kernels.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compile_kernels",
+                                                  ROOT / "scripts" / "compile_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _lines() -> list[str]:
-    """The script's lines with backslash continuations joined."""
-    return SCRIPT.read_text().replace("\\\n", " ").splitlines()
+    """The script's lines, continuations joined and its variables expanded."""
+    return _compile_kernels().script_lines(SCRIPT.read_text())
 
 
 def _steps() -> list[tuple[str, str, int, list[str]]]:
     """(kind, name, timeout, arguments) of every `step`/`bench NAME TIMEOUT ...` line, in order."""
-    dims = next(re.fullmatch(r'DIMS="(.*)"', line)[1] for line in _lines()
-                if line.startswith("DIMS="))
     steps = []
     for line in _lines():
         if re.match(r"(step|bench) \w+ \d+ ", line):
-            kind, name, limit, *args = shlex.split(line.replace("$DIMS", dims))
+            kind, name, limit, *args = shlex.split(line)
             steps.append((kind, name, int(limit), [a.replace("$OUT", "out") for a in args]))
     return steps
 
@@ -50,8 +66,9 @@ def test_the_step_timeouts_fit_the_budget():
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
         'timeout -k "$KILL_AFTER_S" "$limit" "$@"']
     assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
-        "preflight", "gpu_tests", "train_step"]
-    assert sum(limit for _, _, limit, _ in _steps()) <= BUDGET_S
+        "preflight", "compile", "gpu_tests"]
+    # Every step killed, each with its grace, and the summary: under the budget still.
+    assert sum(limit + KILL_AFTER_S for _, _, limit, _ in _steps()) + 10 <= BUDGET_S
 
 
 def _function(name: str) -> str:
@@ -104,20 +121,55 @@ def _baselines(args: list[str]) -> str:
     return args[args.index("--baseline") + 1]
 
 
-def test_cek_is_timed_first_and_torch_compile_alone():
-    calls = _bench_calls()
-    first = [name for name, _, args in calls].index(
-        next(name for name, _, args in calls if _baselines(args) != "none"))
-    # The target shapes, cek alone (with the copy), before the gpu tier and any baseline.
-    assert {(args[args.index("--n-dim") + 1], args[args.index("--n-rows") + 1])
-            for _, _, args in calls[:first]} == {("768", "65536"), ("4096", "8192"),
-                                                 ("128", "1048576")}
-    assert [_baselines(args) for _, _, args in calls[:first]] == ["none"] * first
+def _option(args: list[str], option: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == option]
+
+
+def test_the_steps_come_in_the_order_a_first_run_needs():
     names = [name for _, name, _, _ in _steps()]
-    assert names.index("gpu_tests") == first + 1
-    assert [name for name, _, args in calls if "torch-compile" in _baselines(args)] == [
-        "torch_compile"]
-    assert _baselines(dict((n, a) for n, _, a in calls)["torch_compile"]) == "torch-compile"
+    assert names[:2] == ["preflight", "compile"]
+    calls = _bench_calls()
+    # cek at the target shapes first, in float32 and bfloat16: the fused kernel (timed alone and
+    # as a mean) and the training step through cek.torch, eager and from a CUDA graph, beside
+    # torch's eager step; no torch.compile.
+    first = [(name, args) for name, _, args in calls if name.startswith("cek_")]
+    assert [name for name, _ in first] == names[2:2 + len(first)]
+    assert {(_option(a, "--n-dim")[0], _option(a, "--n-rows")[0]) for _, a in first} == {
+        ("768", "65536"), ("4096", "8192"), ("128", "1048576")}
+    for _, args in first:
+        assert _option(args, "--dtype") == ["f32", "bf16"] and "fused" in _option(args, "--kernel")
+        assert _baselines(args).split(",") == ["cek-torch", "cek-torch-graph", "torch"]
+    # Then the gpu tier, its CLI bench test (which times what the steps here time) left out.
+    gpu_tests = next(args for kind, name, _, args in _steps() if name == "gpu_tests")
+    assert names.index("gpu_tests") == 2 + len(first)
+    assert "tests/test_bench.py::test_bench_runs_checks_and_writes_json" in \
+        _option(gpu_tests, "--deselect")
+    # torch.compile last and alone: nothing after it can wait on a compile.
+    compiled = [i for i, (_, _, args) in enumerate(calls) if "compile" in _baselines(args)]
+    assert compiled == [len(calls) - 1] and names[-1] == calls[-1][0]
+    assert _baselines(calls[-1][2]) == "torch-compile,cek-torch-compile"
+    assert _option(calls[-1][2], "--dtype") == ["f32", "bf16"]
+
+
+def test_the_compile_step_covers_every_kernel_the_bench_steps_launch():
+    """What compile_kernels.py compiles: each bench call's kernels at its dtypes and widths, the
+    reduction with the fused kernel, and a cek.torch step's kernels, eager and compiled."""
+    compile_kernels = _compile_kernels()
+    assert compile_kernels.kernels_of(["--n-dim", "768", "--dtype", "bf16", "--baseline",
+                                       "cek-torch"]) == {
+        (name, "bf16", 768) for name in ("fused", "reduce", "backward-keep", "forward-rows",
+                                         "backward-rows")}
+    assert compile_kernels.kernels_of(["--n-dim", "64", "--n-dim", "128", "--kernel",
+                                       "forward"]) == {("forward", "f32", 64),
+                                                       ("forward", "f32", 128)}
+    ids = {k.id for k in compile_kernels.kernels_for(SCRIPT.read_text())}
+    for _, _, args in _bench_calls():
+        for name, dtype, n_dim in compile_kernels.kernels_of(args):
+            kernel = (CosineEmbeddingLossReduce if name == "reduce"
+                      else kernel_classes()[name]).for_n_dim(n_dim, dtype)
+            assert kernel.id in ids
+    assert {"cosine_embedding_loss_fused__bf16__128", "cosine_embedding_loss_reduce__f32__1024",
+            "cosine_embedding_loss_backward_keep__f32__4096"} <= ids
 
 
 @pytest.mark.parametrize("name, limit, args", _bench_calls(), ids=lambda v: v if isinstance(v, str) else "")
@@ -146,17 +198,19 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     """device_check.sh end to end: CuPy is the stand-in (tests/fake_cupy.py) with the emulator
     as the GPU, every width is 8 and every row count 64 (the kernels' emulator builds are shared
     with tests/test_bench.py), torch.compile is left out (it would compile C++ for minutes), and
-    the gpu tier is not run. Planted: the CuPy baseline takes SLOW_S more in its first call, and
-    torch.compile's provider hangs until its step's timeout kills it."""
+    the gpu tier is not run, and the compile step lists its kernels without compiling them.
+    Planted: the CuPy baseline takes SLOW_S more in its first call, and torch.compile's provider
+    hangs until its step's timeout kills it, in each torch.compile step."""
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
     python.chmod(0o755)
     out = tmp_path / "out"
+    compiled = [name for name, _, args in _bench_calls() if "compile" in _baselines(args)]
     env = {**os.environ, "OUT": str(out), "CEK_PYTHON": str(python),
            "CEK_PLANT": f"cupy={SLOW_S},torch-compile=hang",
-           "LIMIT_torch_compile": str(HANG_LIMIT_S)}
+           **{f"LIMIT_{name}": str(HANG_LIMIT_S) for name in compiled}}
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr  # the killed step
@@ -164,20 +218,28 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     outcome = dict(line.split(": ", 1) for line in (out / "steps.log").read_text().splitlines())
     names = [name for _, name, _, _ in _steps()]
     assert list(outcome) == names
-    assert outcome.pop("torch_compile").startswith(f"killed by its {HANG_LIMIT_S}s timeout")
+    for name in compiled:
+        assert outcome.pop(name).startswith(f"killed by its {HANG_LIMIT_S}s timeout")
     assert all(v.startswith("exit 0 ") for v in outcome.values()), outcome
 
     rows = json.loads((out / "bench.json").read_text())
     bench_names = [name for name, _, _ in _bench_calls()]
     assert list(dict.fromkeys(r["run"] for r in rows)) == bench_names  # in the order they ran
-    # The hanging step kept the row it timed before the hang: cek's, fused being its first kernel.
-    assert [(r["kernel"], r["provider"]) for r in rows if r["run"] == "torch_compile"] == [
-        ("fused", "cek")]
-    assert {r["provider"] for r in rows if r["run"].startswith("cek_")} == {"cek"}
+    # Each hanging step kept the rows it timed before the hang: cek's, alone and as a mean.
+    for name in compiled:
+        assert [(r["kernel"], r["provider"], r["reduction"]) for r in rows if r["run"] == name] \
+            == [("fused", "cek", "none"), ("fused", "cek", "mean")]
+    # cek's steps: the kernels, the mean, the training step through cek.torch and torch's
+    # (cek-torch-graph needs CUDA tensors: not on the stand-in).
+    assert {(r["provider"], r["reduction"]) for r in rows
+            if r["run"] == "cek_768" and r["kernel"] == "fused"} == {
+        ("cek", "none"), ("cek", "mean"), ("cek-torch", "mean"), ("torch", "mean")}
+    assert {(r["kernel"], r["dtype"]) for r in rows if r["run"] == "cek_768"} == {
+        (k, t) for k in ("fused", "forward", "backward") for t in ("f32", "bf16")}
     slow = [r["first_call_s"] for r in rows if r["provider"] == "cupy"]
     assert slow and min(slow) >= SLOW_S
     # The static figures come after a kernel's timings: the killed step never got its own.
-    assert all(r["static"] == (None if r["run"] == "torch_compile" else {"id": r["kernel"]})
+    assert all(r["static"] == (None if r["run"] in compiled else {"id": r["kernel"]})
                and r["copy_gb_per_s"] > 0 for r in rows)
 
     tables = (out / "tables.txt").read_text()
@@ -189,11 +251,14 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
         if line.startswith("MISSING"):
             assert line in done.stdout
     assert f"{len(rows)} rows in {out / 'bench.json'}" in done.stdout
-    steps = json.loads((out / "train_step.json").read_text())  # CPU tensors: no CUDA graphs
-    assert [s["step"] for s in steps] == ["torch eager", "cek eager", "cek eager, weight 3",
-                                          "torch.compile", "cek under torch.compile"]
-    assert all(s["ms"] > 0 and "error" not in s for s in steps)
-    assert "| cek eager | " in tables
+    listed = (out / "compile.log").read_text().split()
+    assert {"cosine_embedding_loss_reduce__bf16__1024",
+            "cosine_embedding_loss_backward_keep__bf16__1024"} <= set(listed)
+    # The NVRTC cek compiles the static figures with, in env.txt (no CuPy here: none of its);
+    # in every row, CuPy's (the stand-in's) and cek's.
+    assert '"nvrtc_cek": ' in env_txt
+    assert all({"cupy", "cuda_driver", "nvrtc", "nvrtc_cek", "cek"} <= set(r["versions"])
+               and r["gpu"] for r in rows)
 
 
 def _shrunk(args: list[str]) -> list[str]:
@@ -206,11 +271,11 @@ def _planted(providers_for, plants: dict):
     """providers_for whose planted providers sleep first: so many seconds, or for ever."""
 
     def planted(*args, **kwargs):
-        out = providers_for(*args, **kwargs)
-        for name, delay in plants.items():
-            if name in out:
-                build = out[name]
-                out[name] = lambda build=build, delay=delay: (time.sleep(delay), build())[1]
+        out = providers_for(*args, **kwargs)  # by (provider, reduction)
+        for key, build in out.items():
+            if key[0] in plants:
+                delay = plants[key[0]]
+                out[key] = lambda build=build, delay=delay: (time.sleep(delay), build())[1]
         return out
 
     return planted
@@ -242,13 +307,8 @@ if __name__ == "__main__":  # CEK_PYTHON in the end-to-end test
     argv = sys.argv[1:]
     if argv[:3] == ["-m", "cek", "bench"]:
         _standin_bench(argv[2:])
-    elif argv[:1] == ["scripts/step_bench.py"]:  # on CPU tensors, tiny, nothing compiled
-        import torch
-
-        torch.compile = lambda fn, **kwargs: fn
-        json_file = argv[argv.index("--json-file") + 1]
-        sys.argv = [argv[0], "--device", "cpu", "--n-rows", "64", "--n-dim", "8", "--repeat", "3",
-                    "--json-file", json_file]
+    elif argv[:1] == ["scripts/compile_kernels.py"]:  # what it would compile, on the stand-in
+        sys.argv = [*argv, "--list"]
         exec(compile(Path(argv[0]).read_text(), argv[0], "exec"), {"__name__": "__main__"})
     elif argv[:2] == ["-m", "pytest"]:
         print("the gpu tier is not run on the stand-in")
