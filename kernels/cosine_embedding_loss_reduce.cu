@@ -13,7 +13,7 @@
 //
 // Launch contract: grid [1, 1, 1], block [BLOCK_SIZE, 1, 1], BLOCK_SIZE = 1024; n_rows >= 0
 // (no rows: scale * 0). Each thread has CEK_REDUCE_CHUNKS chunks in flight a trip (128 bytes,
-// 128 KB a block), so a mean over 65536 float losses is four trips of loads.
+// 128 KB a block: 32768 floats), so a mean over 65536 float losses is two trips of loads.
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read loss once, write reduced: A*N + S.
 #include "cek_types.cuh"
