@@ -298,3 +298,23 @@ def test_a_mean_and_a_sum_at_scale_are_the_same_bits_launch_after_launch(monkeyp
         assert not check.compare({"reduced": got}, {"reduced": np.asarray(value)},
                                  {"reduced": np.asarray(size)}, dtype)[2]
         assert bits == {model(cupy.asnumpy(rows), scale_of(n, reduction), dtype).tobytes()}
+
+
+# -- compile tier: the loads in flight, read from the SASS ---------------------------------------
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16"])
+def test_a_trip_issues_eight_128_bit_loads_before_its_first_add(dtype):
+    """The header's claim, on sm_90: the aligned loop's eight chunk loads are all issued before
+    the first add waits for one (128 bytes a thread in flight)."""
+    from cek import sass
+
+    if sass.find_nvdisasm() is None:
+        pytest.skip(sass.MISSING)
+    kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
+    code = sass.ordinary_path(sass.parse(sass.disassemble(kernel.compile("sm_90").cubin)))
+    ops = [i.opcode for block in code for i in block]
+    wide = [i for i, op in enumerate(ops) if op.startswith("LDG") and ".128" in op]
+    first_add = next(i for i in range(wide[0], len(ops)) if ops[i].startswith(("FADD", "DADD")))
+    assert len(wide) == 8 and wide[-1] < first_add, ops[wide[0]:first_add + 1]
