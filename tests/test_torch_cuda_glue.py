@@ -2,6 +2,7 @@
 stand-in and the emulator (tests/fake_cupy.py). It proves which kernel each op launches, on which
 stream, into which buffers, and what comes back; what only a driver does is the gpu tier's."""
 
+import contextlib
 
 import numpy as np
 import pytest
@@ -10,13 +11,16 @@ from test_gpu_glue import N, REDUCTIONS, WIDTHS, _close, _expected, _inputs, sta
 pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402
-# The gpu tier's expected kernels, one list for both tiers: a change fails here, without a GPU.
+# The gpu tier's row kernels of a step, one list for both tiers: a change fails here, without a
+# GPU. A mean or a sum adds the reduction of the per-row losses after the forward's kernel.
 from test_torch import EAGER_STEP_KERNELS, STEP_KERNELS  # noqa: E402
+from cek import dtypes  # noqa: E402
 from cek.torch import _cuda  # noqa: E402
 
 STREAM = 0xC0FFEE  # the pointer torch.cuda.current_stream() gives in these tests
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
                 "f64": torch.float64}
+REDUCE = "cosine_embedding_loss_reduce"  # one block of 1024 threads for rows of any width
 
 
 class _Stream:
@@ -47,6 +51,65 @@ def _bits(tensor):
     return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
 
 
+def _with_reduction(kernels, reduction):
+    """A step's kernels by name: for a mean or a sum, the reduction follows the forward's."""
+    return kernels if reduction == "none" else [kernels[0], REDUCE, *kernels[1:]]
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def _assert_rows(rows, n, dtype):
+    """The row kernel's launch `rows` wrote each row's loss into an [n] buffer of its own, in
+    the accumulation dtype (fused: `loss`, forward rows: `out`)."""
+    written = rows.args["loss" if "loss" in rows.args else "out"]
+    assert written is not None and written.shape == (n,)
+    assert written.dtype == dtypes.get(dtype).acc
+    return written
+
+
+def _assert_reduce(rows, reduce, loss, dtype, reduction, n):
+    """`reduce`, the launch after the row kernel's `rows`, read the very per-row losses that
+    one wrote and wrote the loss handed back (a 0-d tensor of the inputs' dtype, not a copy),
+    scaled by 1/n for the mean and 1 for the sum, on torch's current stream."""
+    written = _assert_rows(rows, n, dtype)
+    assert reduce.kernel_id == f"{REDUCE}__{dtype}__1024"
+    assert reduce.stream == STREAM and reduce.device == 0
+    read = reduce.args["loss"]
+    assert _address(read) == _address(written) and read.shape == written.shape
+    assert read.dtype == written.dtype and reduce.args["n_rows"] == n
+    acc = dtypes.get(dtype).acc.type
+    scale = reduce.args["scale"]
+    assert type(scale) is acc and scale == acc(1 / n if reduction == "mean" else 1.0)
+    assert loss.dtype == TORCH_DTYPES[dtype] and loss.shape == ()
+    assert np.shares_memory(reduce.args["reduced"], _bits(loss.detach()))
+
+
+@contextlib.contextmanager
+def _device_only(cuda):
+    """No host read of a tensor (on a GPU a sync every step, and a failed CUDA-graph capture),
+    no stream synchronization and no CuPy allocation (a buffer outside torch's allocator, which
+    a graph does not own) while the ops run."""
+
+    def refuse(name):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"{name} inside an op")
+        return refused
+
+    synchronizations = cuda.synchronizations
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__",
+                     "__array__"):
+            patch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+        patch.setattr(torch, "equal", refuse("torch.equal"))
+        for name in ("empty", "empty_like", "zeros", "ones", "full", "ascontiguousarray",
+                     "asarray"):
+            patch.setattr(cuda.cupy, name, refuse(f"cupy.{name}"))
+        yield
+    assert cuda.synchronizations == synchronizations
+
+
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
@@ -54,14 +117,24 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
     x1, x2, y = _torch_inputs(N, 33, dtype, seed=6)
     if not batched:
         x1, x2, y = x1[1], x2[1], y[1]
-    loss = _cuda.forward(x1, x2, y, 0.1, reduction)
-    (launch,) = cuda.launches
+    with _device_only(cuda):
+        loss = _cuda.forward(x1, x2, y, 0.1, reduction)
+    n = N if batched else 1
+    launch, *reduce = cuda.launches
     assert launch.kernel_id == f"cosine_embedding_loss_forward_rows__{dtype}__64"
     assert launch.stream == STREAM  # launched on torch's current stream
     assert launch.args["x1"].dtype == (np.uint16 if dtype == "bf16" else _bits(x1).dtype)
     assert np.shares_memory(launch.args["x1"], _bits(x1))  # no copy of a contiguous input
-    # a mean or a sum comes from the kernel itself, which then writes no per-row loss
-    assert (launch.args["out"] is None) == (reduction != "none")
+    # each row's loss is written; a mean or a sum is the second launch's, over those rows
+    if reduction == "none":
+        assert reduce == []
+        rows = _assert_rows(launch, n, dtype)
+        assert loss.shape == x1.shape[:-1]
+        if dtype in ("f32", "f64"):  # in the inputs' dtype: the very buffer, not a copy
+            assert np.shares_memory(rows, _bits(loss))
+    else:
+        (reduce,) = reduce
+        _assert_reduce(launch, reduce, loss, dtype, reduction, n)
 
     f1, f2 = (t.double().reshape(-1, 33).numpy() for t in (x1, x2))  # the rounded inputs
     fy = y.double().reshape(-1).numpy()
@@ -75,7 +148,9 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
           if reduction == "none" else torch.tensor(3.0, dtype=torch.float64))
     for w in (torch.ones_like(want), w3):
         cuda.launches.clear()
-        dx1, dx2 = _cuda.backward(w.to(x1.dtype), x1, x2, y, 0.1, reduction)
+        grad = w.to(x1.dtype)
+        with _device_only(cuda):
+            dx1, dx2 = _cuda.backward(grad, x1, x2, y, 0.1, reduction)
         (launch,) = cuda.launches
         assert launch.kernel_id == f"cosine_embedding_loss_backward_rows__{dtype}__64"
         assert launch.stream == STREAM
@@ -94,9 +169,10 @@ def test_row_widths(cuda, d, dtype):
     loss = _cuda.forward(x1, x2, y, -0.25, "mean")
     dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
     width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
-    ids = cuda.ids()
-    assert [i.split("__")[0] for i in ids] == STEP_KERNELS
-    assert width is None or all(i.endswith(f"__{width}") for i in ids)
+    forward, reduce, backward = cuda.launches
+    assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS, "mean")
+    assert width is None or all(i.kernel_id.endswith(f"__{width}") for i in (forward, backward))
+    _assert_reduce(forward, reduce, loss, dtype, "mean", 3)  # the same kernel for any width
     f1, f2 = x1.double().numpy(), x2.double().numpy()
     want, size = _expected(f1, f2, y.numpy(), -0.25, "mean", 1.0)
     for g, w, s, kind in zip((loss, dx1, dx2), want, (1.0, *size), ("loss", "grad", "grad")):
@@ -158,11 +234,12 @@ class CudaLike(torch.Tensor):
 
 @pytest.mark.parametrize("route", ["eager", "custom op"])
 def test_training_step_through_the_public_api(cuda, monkeypatch, route):
-    """Two kernels per step, for any upstream gradient, with retain_graph and two backward
+    """Two row kernels per step, for any upstream gradient, and for a mean or a sum the
+    reduction of the forward's per-row losses between them, with retain_graph and two backward
     calls accumulating into .grad as torch does; through the eager autograd.Function (the fused
     kernel, then the keep kernel; the second backward runs the backward kernel, so the buffers
     handed out first are never written again) and through the custom ops (what compiled code
-    runs)."""
+    runs). No host read, stream sync or CuPy allocation in any of it."""
     monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: route == "eager")
     x1, x2, y = _torch_inputs(N, 33, "f32", seed=9)
     c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
@@ -174,27 +251,32 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
                                    ("sum", lambda loss: 3 * loss, ("sum", 6.0))):
         cuda.launches.clear()
         c1.grad = c2.grad = a1.grad = a2.grad = None
-        loss = step(ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction))
+        with _device_only(cuda):
+            out = ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction)
+            loss = step(out)
+            loss.backward(retain_graph=True)
+            loss.backward()  # the second call adds to .grad: nothing handed out may be scaled
         want = step(torch.nn.functional.cosine_embedding_loss(a1, a2, y, 0.1,
                                                               reduction=reduction))
-        loss.backward(retain_graph=True)
-        loss.backward()  # the second call adds to .grad: nothing handed out may be scaled
         want.backward(retain_graph=True)
         want.backward()
         kernels = EAGER_STEP_KERNELS if route == "eager" else STEP_KERNELS
-        assert [i.split("__")[0] for i in cuda.ids()] == kernels + STEP_KERNELS[1:]
-        # the first kernel of a step reduces a mean or sum itself: no per-row loss written
-        first = cuda.launches[0].args
-        assert (first.get("loss", first.get("out")) is None) == (reduction != "none")
-        # "sum" launches the signatures "mean" did: pointers only
-        _assert_exports_on_torchs_stream(cuda, exported=reduction != "sum")
+        assert ([i.split("__")[0] for i in cuda.ids()]
+                == _with_reduction(kernels, reduction) + STEP_KERNELS[1:])
+        if reduction == "none":  # the rows handed out; the step's mean is torch's
+            _assert_rows(cuda.launches[0], N, "f32")
+        else:
+            _assert_reduce(*cuda.launches[:2], out, "f32", reduction, N)
+        # "none" and "sum" launch the signatures "mean" did (each row's loss is always
+        # written): pointers only
+        _assert_exports_on_torchs_stream(cuda, exported=reduction == "mean")
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
         for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
             _close(got.detach(), ref, "f32", "grad", size)
     cuda.launches.clear()
-    with torch.no_grad():
+    with torch.no_grad(), _device_only(cuda):
         ct.cosine_embedding_loss(c1, c2, cy)
-    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS[:1]
+    assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS[:1], "mean")
 
 
 def test_eager_route_on_plain_tensors(cuda, monkeypatch):
@@ -209,7 +291,7 @@ def test_eager_route_on_plain_tensors(cuda, monkeypatch):
     b1, b2 = (t.double().requires_grad_() for t in (x1, x2))
     (2 * ct.cosine_embedding_loss(a1, a2, y, 0.1)).backward()
     (2 * torch.nn.functional.cosine_embedding_loss(b1, b2, y, 0.1)).backward()
-    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS
+    assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS, "mean")
     _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
     for got, ref, size in zip((a1.grad, a2.grad), (b1.grad, b2.grad), sizes):
         _close(got, ref, "f32", "grad", size)
@@ -223,9 +305,15 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
     whose upstream gradient is the one it assumed (a sentinel there survives), the other rows
     are recomputed, in the same buffers, and nothing is read back to the host."""
     x1, x2, y = _torch_inputs(N, 33, dtype, seed=11)
-    loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
+    with _device_only(cuda):
+        loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
     dx1, dx2, _ = fused
-    (launch,) = cuda.launches
+    launch, *reduce = cuda.launches
+    if reduction == "none":
+        assert reduce == []
+        _assert_rows(launch, N, dtype)
+    else:
+        _assert_reduce(launch, *reduce, loss, dtype, reduction, N)
     assert launch.kernel_id == f"cosine_embedding_loss_fused__{dtype}__64"
     assert launch.stream == STREAM and launch.args["dy"] is None
     scale = launch.args["scale"]  # in the accumulation dtype
@@ -244,7 +332,9 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
         for t in (dx1, dx2):
             t[kept] = 7.0  # a row kept must not be written
         cuda.launches.clear()
-        got = _cuda.keep_backward(g.to(x1.dtype), x1, 0.1, reduction, fused)
+        grad_output = g.to(x1.dtype)
+        with _device_only(cuda):
+            got = _cuda.keep_backward(grad_output, x1, 0.1, reduction, fused)
         (launch,) = cuda.launches
         assert launch.kernel_id == f"cosine_embedding_loss_backward_keep__{dtype}__64"
         assert launch.args["keep_dy"] == launch.args["dy"][0] or not kept[0]
@@ -271,7 +361,7 @@ def test_compiled_step_on_cuda_tensors(cuda):
                          fullgraph=True, backend="eager")
     step(c1, c2, y.as_subclass(CudaLike)).backward()
     (2 * torch.nn.functional.cosine_embedding_loss(a1, a2, y, 0.1)).backward()
-    assert [i.split("__")[0] for i in cuda.ids()] == STEP_KERNELS
+    assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS, "mean")
     assert {launch.stream for launch in cuda.launches} == {STREAM}
     _assert_exports_on_torchs_stream(cuda)
     _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, "mean", 2.0)
@@ -283,8 +373,9 @@ def test_compiled_step_on_cuda_tensors(cuda):
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("d", [33, 768])
 def test_mean_and_sum_are_the_kernels_own(cuda, monkeypatch, d, dtype, reduction):
-    """The eager forwards take the kernel's reduced value: one launch, and the loss is the very
-    tensor the kernel wrote (no torch mean or sum over the rows, no cast after it)."""
+    """Both forwards: the row kernel writes each row's loss, then one launch of the reduction
+    adds those very rows, and the loss is the tensor it wrote (no torch mean or sum over the
+    rows, no cast after it)."""
     reductions = []
     for name in ("mean", "sum"):
         original = getattr(torch.Tensor, name)
@@ -296,13 +387,12 @@ def test_mean_and_sum_are_the_kernels_own(cuda, monkeypatch, d, dtype, reduction
     for kernel, op in (("forward_rows", _cuda.forward),
                        ("fused", lambda *a: _cuda.fused_forward(*a)[0])):
         cuda.launches.clear()
-        loss = op(x1, x2, y, 0.1, reduction)
-        (launch,) = cuda.launches
-        assert launch.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
+        with _device_only(cuda):
+            loss = op(x1, x2, y, 0.1, reduction)
+        rows, reduce = cuda.launches
+        assert rows.kernel_id.startswith(f"cosine_embedding_loss_{kernel}__{dtype}__")
         assert reductions == []
-        assert loss.dtype == x1.dtype and loss.shape == ()
-        assert np.shares_memory(launch.args["reduced"], _bits(loss))
-        assert int(launch.args["counter"]) == 0
+        _assert_reduce(rows, reduce, loss, dtype, reduction, N)
         _close(loss.double(), want_loss, dtype, "loss")
 
 
@@ -324,6 +414,15 @@ def test_a_signature_is_checked_in_full_once(cuda):
     assert torch.equal(first, _cuda.forward(x1, x2, y, 0.1, "none"))
     launch = cuda.launches[-1]
     assert np.shares_memory(launch.args["x1"], x1.numpy()) and launch.stream == STREAM
+    # The reduction: checked in full for the mean, then pointers with the sum's scale.
+    for reduction, exported in (("mean", True), ("sum", False), ("mean", False)):
+        cuda.launches.clear()
+        got = _cuda.forward(x1, x2, y, 0.1, reduction)
+        assert bool(cuda.dlpack_streams) == exported
+        cuda.dlpack_streams.clear()
+        _assert_reduce(*cuda.launches, got, "f32", reduction, N)
+        want, _ = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, reduction, 1.0)
+        _close(got, want[0], "f32", "loss")
     cuda.launches.clear()
     with pytest.raises(TypeError, match="x2 must be float32, got float64"):
         _cuda.forward(x1, x2.double(), y, 0.1, "none")
