@@ -520,7 +520,8 @@ def _margin_value(ctx, param, value: float) -> float:
 # The bench table, in fixed columns so that each row can be printed the moment it is timed.
 # The static columns are those of `cek compile --report`, for the kernel and shape: they come
 # after the kernel's timings, on a line of their own, "(static)" in the provider column.
-BENCH_COLUMNS = [("kernel", 13), ("provider", 13), ("dtype", 5), ("shape", 12), ("median_ms", 9),
+BENCH_COLUMNS = [("kernel", 13), ("provider", 17), ("dtype", 5), ("reduction", 9), ("shape", 12),
+                 ("median_ms", 9),
                  ("p20_ms", 9), ("p80_ms", 9), ("gb_per_s", 8), ("pct_of_copy", 11),
                  ("cek_speedup", 11), ("first_s", 7), ("rounds", 6), ("occ%", 4),
                  ("inflight/SM", 11), ("need/SM", 7)]
@@ -551,11 +552,11 @@ def _bench_line(row: dict | None, static: bool = False) -> str:
     if row is None:
         cells = [name for name, _ in BENCH_COLUMNS]
     elif static:
-        cells = [row["kernel"], STATIC_PROVIDER, row["dtype"], shape, *[""] * 7,
+        cells = [row["kernel"], STATIC_PROVIDER, row["dtype"], "", shape, *[""] * 7,
                  *_static_cells(row["static"])]
     else:
         speedup = row["speedup_of_cek"]
-        cells = [row["kernel"], row["provider"], row["dtype"], shape,
+        cells = [row["kernel"], row["provider"], row["dtype"], row["reduction"], shape,
                  *(f"{row[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")),
                  f"{row['gb_per_s']:.0f}", f"{row['pct_of_copy']:.1f}",
                  "" if speedup is None else f"{speedup:.2f}x", f"{row['first_call_s']:.1f}"]

@@ -333,7 +333,8 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
         assert r["static"] == {"kernel_id": kernel_classes()[r["kernel"]].for_n_dim(8, r["dtype"]).id,
                                **STATIC}
     table = result.stdout.splitlines()
-    assert table[0].split() == ["kernel", "provider", "dtype", "shape", "median_ms", "p20_ms",
+    assert table[0].split() == ["kernel", "provider", "dtype", "reduction", "shape", "median_ms",
+                                "p20_ms",
                                 "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup", "first_s",
                                 "rounds", "occ%", "inflight/SM", "need/SM"]
     # Each kernel's rows as timed, then its static line, after its timings.
@@ -343,8 +344,11 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
     # fused bf16 as a mean (PyTorch's training step): 4*2*64*8 + 2*4*64 bytes, and the mean's
     # 4*64 + 2, over a copy of 2*2*64*8*2: 118.8% (the per-row arrays count at this size). The
     # last column is a wall-clock time.
-    assert ["fused", "torch", "bf16", "64x8", "0.3000", "0.1800", "0.4200", "0", "118.8",
+    assert ["fused", "torch", "bf16", "mean", "64x8", "0.3000", "0.1800", "0.4200", "0", "118.8",
             "1.00x"] in [line.split()[:-1] for line in table]
+    # cek's fused rows alone and as a mean read apart, as in the JSON.
+    assert [line.split()[:4] for line in table[1:] if "(static)" not in line] == [
+        [r["kernel"], r["provider"], r["dtype"], r["reduction"]] for r in rows]
     assert ["fused", "(static)", "bf16", "64x8", "2", "75", "48K", "8K"] in [
         line.split() for line in table]
     # The static columns sit under their headings: the line of figures and the header align.
