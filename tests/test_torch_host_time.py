@@ -17,7 +17,9 @@ spec.loader.exec_module(host_time)
 # On the 2-core CPU development machine, busy with other work, cek's step took 0.57 to 0.61
 # times torch's (ten runs of the script, --repeats 30), since a launch signature and the checks
 # on the tensors are worked out once and later launches pass pointers; 1.32 to 1.38 (three
-# runs) before that, and 1.71 to 2.33 before the launch path was first trimmed. The bound
+# runs) before that, and 1.71 to 2.33 before the launch path was first trimmed. With the mean
+# as a third launch (the reduction of the per-row losses), 0.61 to 0.70 (ten runs, a busier
+# machine: the two-launch step took 0.62 to 0.63 in three runs beside them). The bound
 # leaves room for a busier machine and fails at the earlier figures. The aim, a
 # quarter of torch's, is not met: an empty autograd.Function's forward and backward alone take
 # about a fifth of torch's step here (scripts/torch_host_time.py --profile shows the rest).
@@ -26,7 +28,8 @@ MAX_RATIO = 0.8
 
 def test_cuda_path_step_against_torchs_eager_step():
     cek_s, torch_s, launches = host_time.measure()
-    assert launches == 2, "a cek step is the fused and the keep kernel: the stub ran neither"
+    assert launches == 3, ("a cek step is the fused kernel, the reduction of its per-row "
+                           f"losses and the keep kernel: the stub ran {launches}")
     ratio = cek_s / torch_s
     assert ratio <= MAX_RATIO, (f"cek {cek_s * 1e6:.0f} us, torch {torch_s * 1e6:.0f} us per "
                                 f"step: {ratio:.2f} times torch's, above {MAX_RATIO}")
