@@ -2,14 +2,18 @@
 
 Each test is a speed claim of docs/design.md turned into a fact of the SASS or of NVIDIA's
 occupancy rules, on the path an ordinary aligned row takes through the cubin that launches
-(cek.sass.ordinary_path: the code behind CEK_RARE_PATH() left out). A target the kernels do not
-reach yet would be a strict xfail (pytest.mark.xfail(strict=True)), failing the day it is
-reached; none is left.
+(cek.sass.ordinary_path: the code CEK_RARE_PATH() marks in the source left out), or over every
+block of it. A target the kernels do not reach yet is a strict xfail
+(pytest.mark.xfail(strict=True)), failing the day it is reached.
 """
+
+import math
 
 import pytest
 
 from cek import report, sass
+from cek.compile import nvrtc_version
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import kernel_classes
 
 pytestmark = [pytest.mark.compile,
@@ -21,6 +25,13 @@ DTYPES = ("f32", "f64", "f16", "bf16")
 
 def facts(name, dtype, n_dim, n_rows=65536):
     return report.static_row(kernel_classes()[name].for_n_dim(n_dim, dtype), n_rows, n_dim)
+
+
+def ordinary_opcodes(kernel):
+    """The opcodes of the kernel's ordinary path on sm_90, in listing order."""
+    listing = sass.disassemble(kernel.compile("sm_90").cubin)
+    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu")
+    return [i.opcode for block in sass.ordinary_path(sass.parse(listing), marks) for i in block]
 
 
 # 1. One dependent global-load round per row: every chunk of x1 and x2, y and dy, in flight
@@ -35,7 +46,21 @@ ROUND_CASES = [(n, d, w) for n in ONE_BLOCK_PER_ROW for d in DTYPES for w in (76
 ]
 
 
-@pytest.mark.parametrize("name, dtype, n_dim", ROUND_CASES)
+# NVRTC 12.0's ptxas (CuPy for CUDA 12.0) issues the fused float kernel's second chunk pair, at
+# two pairs a thread, after the first pair is used: 2 rounds, 32 bytes in flight an SM. 12.9,
+# 13.0 and 13.5 give 1 round (.ci/nvrtc-matrix.txt). Strict: the day it holds, this fails.
+PTXAS_12_0_TWO_ROUNDS = pytest.mark.xfail(
+    nvrtc_version() == (12, 0), strict=True,
+    reason="NVRTC 12.0 issues the second chunk pair of a fused float thread late")
+
+
+def _on_every_nvrtc(cases, late_on_12_0):
+    return [pytest.param(*case, marks=PTXAS_12_0_TWO_ROUNDS) if case in late_on_12_0 else case
+            for case in cases]
+
+
+@pytest.mark.parametrize("name, dtype, n_dim", _on_every_nvrtc(
+    ROUND_CASES, {("fused", "f32", 4096), ("fused", "f32", 8192)}))
 def test_one_load_round_per_row(name, dtype, n_dim):
     assert facts(name, dtype, n_dim)["sass"]["load_rounds"] == 1
 
@@ -81,7 +106,8 @@ IN_FLIGHT_CASES = [(n, d, w) for n in ONE_BLOCK_PER_ROW for d in ("f32", "bf16")
     ("fused", "f32", w) for w in (128, 256)] + [("backward-rows", "f32", 128)]
 
 
-@pytest.mark.parametrize("name, dtype, n_dim", IN_FLIGHT_CASES)
+@pytest.mark.parametrize("name, dtype, n_dim", _on_every_nvrtc(
+    IN_FLIGHT_CASES, {("fused", "f32", 4096)}))
 def test_bytes_in_flight_cover_littles_law_twice(name, dtype, n_dim):
     row = facts(name, dtype, n_dim)
     assert row["bytes_in_flight_per_sm"] >= 2 * row["needed_bytes_in_flight_per_sm"], row
@@ -91,9 +117,7 @@ def test_bytes_in_flight_cover_littles_law_twice(name, dtype, n_dim):
 @pytest.mark.parametrize("name", ONE_BLOCK_PER_ROW)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_streamed_path_keeps_four_chunk_pairs_in_flight(name, dtype):
-    kernel = kernel_classes()[name].for_n_dim(1 << 20, dtype)
-    code = sass.ordinary_path(sass.parse(sass.disassemble(kernel.compile("sm_90").cubin)))
-    ops = [i.opcode for block in code for i in block]
+    ops = ordinary_opcodes(kernel_classes()[name].for_n_dim(1 << 20, dtype))
     first_math = next(i for i, op in enumerate(ops) if op.startswith(("FFMA", "FMUL")))
     assert sum(op.startswith("LDG") and ".128" in op for op in ops[:first_math]) >= 2 * 4
 
@@ -105,9 +129,7 @@ def test_streamed_path_keeps_four_chunk_pairs_in_flight(name, dtype):
 @pytest.mark.parametrize("name", ["backward", "fused"])
 @pytest.mark.parametrize("dtype, pairs", [("f32", 4), ("bf16", 2)])
 def test_streamed_gradient_pass_keeps_chunk_pairs_in_flight(name, dtype, pairs):
-    kernel = kernel_classes()[name].for_n_dim(1 << 20, dtype)
-    code = sass.ordinary_path(sass.parse(sass.disassemble(kernel.compile("sm_90").cubin)))
-    ops = [i.opcode for block in code for i in block]
+    ops = ordinary_opcodes(kernel_classes()[name].for_n_dim(1 << 20, dtype))
     store = next(i for i, op in enumerate(ops) if op.startswith("STG") and ".128" in op)
     after = ops[max(i for i, op in enumerate(ops[:store]) if op.startswith("BAR")):store]
     assert sum(op.startswith("LDG") and ".128" in op for op in after) >= 2 * pairs
@@ -125,3 +147,55 @@ def test_three_quarters_occupancy_between_the_powers_of_two(name, dtype):
     low = [(d, row["occupancy"]) for d in WIDTHS_BETWEEN
            for row in [facts(name, dtype, d)] if row["occupancy"] < 0.75]
     assert not low, low
+
+
+# 7. A mean or sum costs the rows little. The kernels that write the rows' losses (fused with the
+# gradients, forward-rows without) publish at most once per 16 rows (a fence or an atomic that
+# makes one block's share visible to another), and what runs once a launch after the rows, the
+# tail, waits on memory at most 4 times in a row. Today the rows publish nothing (a second
+# launch, one block of 1024 threads, adds their per-row losses: cosine_embedding_loss_reduce);
+# that block reads 4 bytes a row with 128 bytes in flight a thread: 65536 float losses in two
+# trips (and one round for the n_rows % 4 remainder, counted whether or not it runs), a million in
+# 32.
+MEAN_CASES = [(name, dtype, n_rows, n_dim) for n_rows, n_dim in ((65536, 768), (1 << 20, 128))
+              for name in ("fused", "forward-rows") for dtype in ("f32", "bf16")]
+ONE_BLOCK_TAIL = pytest.mark.xfail(
+    strict=True, reason="one block reads a million float losses in 32 trips of 128 KB: the tail "
+                        "is 33 dependent round trips")
+
+
+def mean_launch(name, dtype, n_rows, n_dim):
+    """The static rows of the kernels a mean runs: the rows' kernel, then the reduction."""
+    return [facts(name, dtype, n_dim, n_rows),
+            report.static_row(CosineEmbeddingLossReduce.for_dtype(dtype), n_rows, n_dim)]
+
+
+@pytest.mark.parametrize("name, dtype, n_rows, n_dim", MEAN_CASES)
+def test_a_mean_publishes_at_most_once_per_16_rows(name, dtype, n_rows, n_dim):
+    per_row = 0.0
+    for row in mean_launch(name, dtype, n_rows, n_dim):
+        sync = row["sass"]["fences"] + row["sass"]["atomics"]
+        per_row += sync / row["rows_per_block"]
+        if row["reduction"] is not None:
+            assert row["reduction"]["publishes_per_row"] == sync / row["rows_per_block"]
+    assert per_row <= 1 / 16
+
+
+@pytest.mark.parametrize("name, dtype, n_rows, n_dim", [
+    case if case[2] < 1 << 20 else pytest.param(*case, marks=ONE_BLOCK_TAIL)
+    for case in MEAN_CASES])
+def test_a_mean_ends_in_at_most_4_dependent_round_trips(name, dtype, n_rows, n_dim):
+    rows, reduction = mean_launch(name, dtype, n_rows, n_dim)
+    assert rows["reduction"] is None  # the rows' kernel has no tail of its own
+    tail = reduction["reduction"]["tail_round_trips"]
+    assert tail is not None and tail <= 4, reduction["reduction"]
+
+
+def test_the_tail_counts_trips_of_the_main_loop():
+    # 65536 float losses (256 KB) read by 1024 threads with 128 bytes each in flight a trip:
+    # 2 trips of one round each, and the one round outside the loop
+    row = report.static_row(CosineEmbeddingLossReduce.for_dtype("f32"), 65536, 768)
+    trips = math.ceil(65536 * 4 / (1024 * row["sass"]["loop_bytes_in_flight"]))
+    assert (row["sass"]["loop_bytes_in_flight"], row["sass"]["loop_rounds"], trips) == (128, 1, 2)
+    assert row["reduction"]["tail_round_trips"] == trips + row["sass"]["straight_rounds"] == 3
+
