@@ -390,7 +390,10 @@ def test_cuda_matches_torch(reduction, dtype):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_two_launches_per_step(monkeypatch):
+def test_cuda_launches_per_step(monkeypatch):
+    """A mean: the fused kernel, the reduction of its per-row losses, the backward; per-row
+    losses ("none") have no reduction; no_grad runs the forward-rows kernel and the reduction."""
+    reduce = "cosine_embedding_loss_reduce"
     launches = []
     real = gpu.launch
 
@@ -402,14 +405,14 @@ def test_cuda_two_launches_per_step(monkeypatch):
     x1, x2, y = _inputs(n=64, d=256, dtype=torch.float32, seed=21, requires_grad=False)
     x1, x2, y = x1.cuda().requires_grad_(), x2.cuda().requires_grad_(), y.cuda()
     ct.cosine_embedding_loss(x1, x2, y).backward()
-    assert launches == EAGER_STEP_KERNELS
+    assert launches == [EAGER_STEP_KERNELS[0], reduce, *EAGER_STEP_KERNELS[1:]]
     launches.clear()
     ct.cosine_embedding_loss(x1, x2, y, reduction="none").mean().backward()  # grad_output 1/N
     assert launches == EAGER_STEP_KERNELS
     launches.clear()
     with torch.no_grad():
         ct.cosine_embedding_loss(x1, x2, y)
-    assert launches == STEP_KERNELS[:1]
+    assert launches == [STEP_KERNELS[0], reduce]
 
 
 @pytest.mark.gpu
