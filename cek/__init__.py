@@ -1,38 +1,47 @@
-"""cek: fast, checked cosine embedding loss kernels for NVIDIA GPUs."""
+"""cek: fast, checked cosine embedding loss kernels for NVIDIA GPUs.
 
-from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackward,
-                                                CosineEmbeddingLossBackwardKeep,
-                                                CosineEmbeddingLossBackwardRows)
-from cek.cosine_embedding_loss_forward import (CosineEmbeddingLossForward,
-                                               CosineEmbeddingLossForwardRows)
-from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
-from cek import gpu, reference
-from cek.functional import (
-    cosine_embedding_loss,
-    cosine_embedding_loss_backward,
-    cosine_embedding_loss_fused,
-)
-from cek.kernel import Arg, Kernel
+Everything is imported on first use (PEP 562): `import cek` itself imports nothing, so the `cek`
+command starts inside its own interrupt handling (cek.__main__.run), and `import cek` stays free
+of NumPy, CuPy, torch and the emulator's compiler checks until a name is used.
+"""
 
 __version__ = "0.1.0"
 
-# Submodules imported on first use (PEP 562), so `import cek; cek.emulate.load(...)` works while
-# `import cek` stays free of CuPy, torch and the emulator's compiler checks.
-_LAZY = ("bench", "check", "cli", "compile", "cpu", "cpu_native", "dtypes", "emulate", "functional", "kernel",
-         "occupancy", "plot", "report", "sass", "sources", "torch", "validate")
+# Submodules imported on first use, so `import cek; cek.emulate.load(...)` works.
+_LAZY = ("bench", "check", "cli", "compile", "cpu", "cpu_native", "dtypes", "emulate",
+         "functional", "gpu", "kernel", "occupancy", "plot", "reference", "report", "sass",
+         "sources", "torch", "validate")
+# The public names of the package, and the module each comes from.
+_NAMES = {
+    "Arg": "kernel",
+    "CosineEmbeddingLossBackward": "cosine_embedding_loss_backward",
+    "CosineEmbeddingLossBackwardKeep": "cosine_embedding_loss_backward",
+    "CosineEmbeddingLossBackwardRows": "cosine_embedding_loss_backward",
+    "CosineEmbeddingLossForward": "cosine_embedding_loss_forward",
+    "CosineEmbeddingLossForwardRows": "cosine_embedding_loss_forward",
+    "CosineEmbeddingLossFused": "cosine_embedding_loss_fused",
+    "CosineEmbeddingLossReduce": "cosine_embedding_loss_reduce",
+    "Kernel": "kernel",
+    "cosine_embedding_loss": "functional",
+    "cosine_embedding_loss_backward": "functional",
+    "cosine_embedding_loss_fused": "functional",
+}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return importlib.import_module(f"cek.{name}")
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"cek.{_NAMES[name]}"), name)
+        globals()[name] = value  # found directly from now on
+        return value
     raise AttributeError(f"module 'cek' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_NAMES))
 
 
 __all__ = [

@@ -440,11 +440,23 @@ class RowGroups:
         return (math.ceil(n_rows / rows_per_block), 1, 1), (GROUPED_THREADS, 1, 1)
 
 
+# The modules whose classes set `short_name`, in the order kernel_classes lists them.
+KERNEL_MODULES = ("cek.cosine_embedding_loss_backward", "cek.cosine_embedding_loss_forward",
+                  "cek.cosine_embedding_loss_fused")
+
+
 def kernel_classes() -> dict[str, type[Kernel]]:
     """Every kernel class by its short CLI name ("backward", "forward", ...): the classes that
-    set `short_name`, which register themselves when their module is imported (`import cek`
-    imports them all), kernels first, then the variants, each in the order they were defined."""
-    ordered = sorted(_REGISTRY.items(), key=lambda item: item[1].twin is not None)
+    set `short_name`, which register themselves when their module is imported (imported here),
+    kernels first, then the variants, each in KERNEL_MODULES' order and then in the order they
+    were defined, whichever module a caller imported first."""
+    import importlib
+
+    position = {module: i for i, module in enumerate(KERNEL_MODULES)}
+    for module in KERNEL_MODULES:
+        importlib.import_module(module)
+    ordered = sorted(_REGISTRY.items(), key=lambda item: (
+        item[1].twin is not None, position.get(item[1].__module__, len(position))))
     return dict(ordered)
 
 

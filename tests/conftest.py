@@ -40,16 +40,17 @@ def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="no CUDA device (CuPy missing or no GPU): gpu tier skipped")
     no_gxx = pytest.mark.skip(reason="no g++ on PATH: the CPU emulator cannot build kernels")
     mismatch = None
-    if any("exact_sass" in item.keywords for item in items):
+    # Markers, not keywords: a parameter id such as "gpu" is a keyword too.
+    if any(item.get_closest_marker("exact_sass") for item in items):
         mismatch = _toolchain_mismatch()
     have_gpu = None
     for item in items:
-        if mismatch and "exact_sass" in item.keywords:
+        if mismatch and item.get_closest_marker("exact_sass"):
             item.add_marker(pytest.mark.skip(reason=mismatch))
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             if have_gpu is None:
                 have_gpu = _gpu_count() > 0
             if not have_gpu:
                 item.add_marker(no_gpu)
-        if "emulator" in item.keywords and shutil.which("g++") is None:
+        if item.get_closest_marker("emulator") and shutil.which("g++") is None:
             item.add_marker(no_gxx)
