@@ -1,8 +1,10 @@
 """The static report: what the GPU will do with a kernel, read from its compiled code.
 
 One row per kernel and shape: ptxas's resources, the launch, theoretical occupancy
-(cek.occupancy), waves over the GPU's SMs, SASS facts (cek.sass) and the bytes in flight per SM
-beside what Little's law needs to keep the GPU's DRAM busy. No GPU is needed.
+(cek.occupancy), waves over the GPU's SMs, SASS facts (cek.sass: the ordinary path, and every
+block), the bytes in flight per SM beside what Little's law needs to keep the GPU's DRAM busy,
+and for a kernel that reduces the launch to one value, what that costs (`reduction_facts`). No
+GPU is needed.
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
     if tool is None:
         return summary, None
     # One build, the one that launches: its resources, and the SASS facts of the path an
-    # ordinary aligned row takes through it, the code behind CEK_RARE_PATH() (the misaligned
-    # fallback, the huge-row branch: kernels/cek_row.cuh) left out.
-    return summary, sass.facts(sass.disassemble(compiled.cubin, tool)).as_dict()
+    # ordinary aligned row takes through it, the code CEK_RARE_PATH() marks in the source (the
+    # misaligned fallbacks, the huge-row branches: kernels/cek_row.cuh) left out, and of every
+    # block. compile_kernel names the source <id>.cu.
+    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu")
+    return summary, sass.facts(sass.disassemble(compiled.cubin, tool), marks).as_dict()
 
 
 def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
@@ -119,7 +123,7 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         "dram_latency_cycles": DRAM_LATENCY_CYCLES, "dram_bytes_per_s": spec.dram_bytes_per_s,
         "needed_bytes_in_flight_per_sm": little_bytes_per_sm(spec),
         "sass_missing": missing, "sass": None, "instructions_per_byte": None,
-        "bytes_in_flight_per_sm": None,
+        "bytes_in_flight_per_sm": None, "reduction": None,
     }
     if facts is not None:
         moved = facts["load_bytes"] + facts["store_bytes"]
@@ -127,7 +131,47 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
         row["bytes_in_flight_per_sm"] = bytes_in_flight(facts, threads, row["rows_per_block"],
                                                         o.blocks_per_sm)
+        if reduces(kernel, facts):
+            row["reduction"] = reduction_facts(facts, blocks, threads, row["rows_per_block"],
+                                               read_bytes(kernel, n_rows, n_dim))
     return row
+
+
+def reduces(kernel: Kernel, facts: dict) -> bool:
+    """Whether the kernel reduces its launch to one value: an output of one element (shape ()),
+    or atomics anywhere in its code."""
+    return facts["all_atomics"] > 0 or any(
+        a.is_pointer and a.output and a.shape == () for a in kernel.args)
+
+
+def read_bytes(kernel: Kernel, n_rows: int, n_dim: int) -> int:
+    """Bytes of the arrays the kernel reads (its pointer arguments that are no outputs)."""
+    size = {"n_rows": n_rows, "n_dim": n_dim}
+    return sum(kernel.arg_dtype(a).itemsize * math.prod(size[d] for d in a.shape)
+               for a in kernel.args if a.is_pointer and not a.output)
+
+
+def reduction_facts(facts: dict, blocks: int, threads: int, rows_per_block: int,
+                    read: int) -> dict:
+    """What reducing the launch to one value costs, from the SASS facts.
+
+    publishes_per_row: the fences and atomics a block runs (its ordinary path, once) per row,
+    each a device-wide handshake that makes a block's share visible to another block.
+    tail_round_trips: the dependent global-load round trips of the launch, which runs once after
+    the rows. Where no block hands its share to another (no atomic), that is one block's: its
+    main loop (cek.sass: the one with the most bytes in flight a trip) makes
+    ceil(read / blocks / (threads x those bytes)) trips of loop_rounds waits each, beside the
+    rounds outside every loop. Where blocks count themselves done with atomics, the tail is the
+    last block's work, which nothing marks in the source: None."""
+    tail = None
+    if facts["all_atomics"] == 0:
+        trip = threads * facts["loop_bytes_in_flight"]
+        trips = math.ceil(read / blocks / trip) if trip else 0
+        tail = trips * facts["loop_rounds"] + facts["straight_rounds"]
+    return {"blocks": blocks, "rows_per_block": rows_per_block,
+            "publishes_per_row": (facts["fences"] + facts["atomics"]) / rows_per_block,
+            "tail_round_trips": tail,
+            "tail_bytes_in_flight_per_thread": facts["loop_bytes_in_flight"]}
 
 
 def bytes_in_flight(facts: dict, threads: int, rows_per_block: int, blocks_per_sm: int) -> int:
@@ -182,6 +226,14 @@ COLUMNS = [
     ("inflight/SM", lambda r: "-" if r["bytes_in_flight_per_sm"] is None
      else _kib(r["bytes_in_flight_per_sm"])),
     ("need/SM", lambda r: _kib(r["needed_bytes_in_flight_per_sm"])),
+    ("rare", lambda r: "-" if r["sass"] is None
+     else r["sass"]["all_instructions"] - r["sass"]["instructions"]),
+    ("fence/atom", lambda r: "-" if r["sass"] is None
+     else f"{r['sass']['all_fences']}/{r['sass']['all_atomics']}"),
+    ("pub/row", lambda r: "-" if r["reduction"] is None
+     else f"{r['reduction']['publishes_per_row']:.3g}"),
+    ("tail", lambda r: "-" if r["reduction"] is None or r["reduction"]["tail_round_trips"] is None
+     else r["reduction"]["tail_round_trips"]),
 ]
 
 

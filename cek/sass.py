@@ -1,11 +1,14 @@
 """Facts read from a cubin's SASS, disassembled by NVIDIA's nvdisasm (the optional
 `nvidia-cuda-nvdisasm` wheel, extra `sass`).
 
-The walk is static: each instruction once, in program order, loops not unrolled. It covers the
-blocks that the kernel's entry reaches without passing a rare-path marker (a PMTRIG, the SASS of
-`CEK_RARE_PATH()` in kernels/cek_row.cuh, which opens the misaligned-view fallback and the
-huge-row branch), so the counts describe the path an ordinary aligned row takes through the very
-code that launches.
+The walk is static: each instruction once, in program order, loops not unrolled. nvdisasm's `-gi`
+gives every instruction its source line and the lines of the calls it was inlined at (the
+kernels compile with `-lineinfo`). `CEK_RARE_PATH()` (kernels/cek_row.cuh) marks in the source
+the rest of its scope as rare code (the misaligned-view fallbacks, the huge-row branches) and the
+`if` that opens it as a rare decision (`Marks`); the walk finds that code by its lines, whatever
+the marker compiles to. The ordinary path is what the kernel's entry reaches without taking the
+rare side of a rare decision (`ordinary_path`). `facts` counts that path, and every block of the
+cubin beside it.
 """
 
 from __future__ import annotations
@@ -42,30 +45,164 @@ def find_nvdisasm() -> str | None:
 
 
 def disassemble(cubin: bytes, tool: str | None = None) -> str:
-    """nvdisasm's listing of `cubin`; `tool` defaults to find_nvdisasm()."""
+    """nvdisasm's listing of `cubin`, each instruction under its source line and the lines of the
+    calls it was inlined at (`-gi`: a cubin built with -lineinfo has them); `tool` defaults to
+    find_nvdisasm()."""
     tool = tool or find_nvdisasm()
     if tool is None:
         raise NvdisasmMissing(MISSING)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        done = subprocess.run([tool, "-c", f.name], capture_output=True, text=True)
+        done = subprocess.run([tool, "-c", "-gi", f.name], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
 
+
+# -- where rare code is: CEK_RARE_PATH() in the source ---------------------------------------
+
+RARE_MARKER = "CEK_RARE_PATH()"
+_LINE_DIRECTIVE = re.compile(r'^\s*#\s*line\s+(\d+)\s+"([^"]+)"')
+_IF = re.compile(r"^\s*(?:else\s+)?if\s*\(")
+
+
+def _code_lines(source: str, name: str) -> list[tuple[str, int, str]]:
+    """(file, line, code without its // comment) for each line of `source`, files and lines as
+    its #line directives give them (`name` before the first)."""
+    out, file, number = [], name, 0
+    for text in source.splitlines():
+        directive = _LINE_DIRECTIVE.match(text)
+        if directive:
+            number, file = int(directive.group(1)) - 1, directive.group(2)
+            continue
+        number += 1
+        out.append((file, number, text.split("//")[0]))
+    return out
+
+
+def _statement_start(lines, j: int) -> int:
+    """The first line of the statement that ends on line j."""
+    while j > 0 and not lines[j - 1][2].rstrip().endswith((";", "{", "}")):
+        j -= 1
+    return j
+
+
+def _opening_brace(lines, i: int) -> int | None:
+    """The line of the `{` that opens the scope line i is in (None at file scope)."""
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        for ch in reversed(lines[j][2]):
+            depth += (ch == "}") - (ch == "{")
+            if depth < 0:
+                return j
+    return None
+
+
+def _decision(lines, i: int) -> range | None:
+    """The lines of the `if` that decides for the rare code the marker on line i opens: the `if`
+    whose braces the marker opens, or the one just before it that returns (`if (ordinary)
+    return ...;` or `if (ordinary) { ... return ...; }`, after which the rest is rare)."""
+    brace = _opening_brace(lines, i)
+    if brace is None:
+        return None
+    start = _statement_start(lines, brace)
+    head = " ".join(code for _, _, code in lines[start:brace + 1])
+    if _IF.match(head) and not any(code.strip() for _, _, code in lines[brace + 1:i]):
+        return range(start, brace + 1)
+    j = i - 1
+    while j > brace and not lines[j][2].strip():
+        j -= 1
+    if j == brace:
+        return None
+    end = j
+    if lines[j][2].rstrip().endswith("}"):  # a braced body: back to its opening line
+        depth = 0
+        while True:
+            depth += lines[j][2].count("}") - lines[j][2].count("{")
+            if depth <= 0:
+                break
+            j -= 1
+    start = _statement_start(lines, j)
+    text = " ".join(code for _, _, code in lines[start:end + 1])
+    return range(start, j + 1) if _IF.match(text) and re.search(r"\breturn\b", text) else None
+
+
+@dataclass
+class Marks:
+    """The rare code of a source: for each CEK_RARE_PATH() (numbered from 1), the lines of the
+    code it marks (`regions`) and of the `if` that decides for it (`decisions`), each a dict
+    {(file, line): number}, files as the source's #line directives name them. No marks (the
+    default): everything the entry reaches is ordinary."""
+    regions: dict = field(default_factory=dict)
+    decisions: dict = field(default_factory=dict)
+    _by_line: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_source(cls, source: str, name: str) -> "Marks":
+        """Each CEK_RARE_PATH() statement marks the rest of its scope and the `if` that leads
+        there (`_decision`); one without such an `if` raises ValueError, naming where it is.
+        `name` is the file the compiler gives the source before its first #line."""
+        lines = _code_lines(source, name)
+        marks = cls()
+        markers = [i for i, (_, _, code) in enumerate(lines)
+                   if RARE_MARKER in code and not code.lstrip().startswith("#")]
+        for mark, i in enumerate(markers, start=1):
+            decision = _decision(lines, i)
+            if decision is None:
+                file, number, _ = lines[i]
+                raise ValueError(f"{file}:{number}: CEK_RARE_PATH() must open the body of an `if` "
+                                 "or follow an `if` that returns")
+            for k in decision:
+                marks.decisions[lines[k][:2]] = mark
+            depth = 0
+            for file, number, code in lines[i:]:
+                marks.regions[(file, number)] = mark
+                depth += code.count("{") - code.count("}")
+                if depth < 0:
+                    break
+        return marks
+
+    def region(self, where: tuple) -> int | None:
+        """The marker whose code (file, line) is, if any."""
+        return self._lookup("regions", where)
+
+    def decision(self, where: tuple) -> int | None:
+        """The marker whose `if` (file, line) is, if any."""
+        return self._lookup("decisions", where)
+
+    def _lookup(self, table: str, where: tuple) -> int | None:
+        # nvdisasm names a file by the path the compiler made of its #line name (the directory
+        # it ran in, then kernels/cek_row.cuh): the name is a suffix of it
+        if table not in self._by_line:
+            index: dict = {}
+            for (name, number), mark in getattr(self, table).items():
+                index.setdefault(number, []).append((name, mark))
+            self._by_line[table] = index
+        file, line = where
+        for name, mark in self._by_line[table].get(line, ()):
+            if file == name or file.endswith("/" + name):
+                return mark
+        return None
+
+
+# -- the listing -------------------------------------------------------------------------------
 
 _LINE = re.compile(
     r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _LABEL = re.compile(r"^(\.L\w*):")
 _TARGET = re.compile(r"`\((\.L\w+)\)")
 _REG = re.compile(r"\bR(\d+)(?:\.64)?\b")
+_WHERE = re.compile(r'File "([^"]+)", line (\d+)')
 # Integer and logic ALU opcodes (the pipe that computes addresses and unpacks bf16), matched
 # whole once a digit suffix is dropped (IADD3 -> IADD, LOP3 -> LOP): SHFL, a shuffle, is no SHF.
 _INT_ALU = frozenset(("IADD", "IMAD", "ISETP", "IMNMX", "IABS", "LOP", "SHF", "LEA", "PRMT",
                       "SEL", "POPC", "FLO", "BREV", "BMSK", "SGXT", "VIADD", "VIMNMX"))
-# The SASS of CEK_RARE_PATH() (PTX `pmevent`): it only signals a profiler counter.
-RARE_MARKER = "PMTRIG"
+# Memory and synchronisation instructions: the compiler never runs one speculatively (it may
+# merge two copies of one into a single instruction, which keeps the line of either).
+_ANCHORED = frozenset(("LDG", "STG", "LDS", "STS", "LDL", "STL", "LD", "ST", "ATOM", "ATOMG",
+                       "ATOMS", "RED", "REDG", "BAR", "SHFL", "MEMBAR"))
+_ATOMIC = frozenset(("ATOM", "ATOMG", "RED", "REDG"))
 
 
 def is_int_alu(opcode: str) -> bool:
@@ -81,6 +218,7 @@ class Instruction:
     address: tuple = ()  # a global access's (base register, offset): [R10.64+0x8] -> (10, 8)
     conditional: bool = False  # predicated (@P0, @!P0), or a branch on a condition operand
     target: str | None = None  # the label a branch (or BSSY, CALL) names
+    where: tuple = ()  # ((file, line), ...): its line, then the calls it was inlined at, outward
 
     @property
     def base(self) -> str:
@@ -106,11 +244,6 @@ class Block:
     def __len__(self):
         return len(self.instructions)
 
-    @property
-    def rare(self) -> bool:
-        """Opened by CEK_RARE_PATH(): a PMTRIG that always runs once the block is entered."""
-        return any(i.base == RARE_MARKER and not i.conditional for i in self)
-
 
 _NARROW = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "64": 64, "128": 128}
 
@@ -131,9 +264,16 @@ def _regs(operand: str, width: int = 32) -> list[int]:
 
 def parse(sass: str) -> list[Block]:
     """Instructions grouped in blocks, in listing order: a new block at each label and after
-    each branch or EXIT."""
+    each branch or EXIT. Each instruction takes the source lines nvdisasm printed last before it
+    (a `//## File "...", line N inlined at "...", line M` group), none in a listing without."""
     blocks = [Block()]
+    where, fresh = (), False
     for line in sass.splitlines():
+        if line.lstrip().startswith("//##"):
+            if not fresh:  # a new group replaces the last one
+                where, fresh = (), True
+            where += tuple((f, int(n)) for f, n in _WHERE.findall(line))
+            continue
         label = _LABEL.match(line.strip())
         if label:
             if blocks[-1].instructions:
@@ -143,6 +283,7 @@ def parse(sass: str) -> list[Block]:
         m = _LINE.search(line)
         if not m:
             continue
+        fresh = False
         opcode, text = m.group(2), m.group(3)
         if opcode.startswith("NOP"):
             continue
@@ -163,32 +304,110 @@ def parse(sass: str) -> list[Block]:
         # BRA !P1, `(...)` and BRA.DIV UR4, `(...)` branch on an operand: conditional too
         conditional = m.group(1) is not None or base == "BRA" and bool(ops)
         blocks[-1].instructions.append(Instruction(opcode, dest, srcs, address, conditional,
-                                                   target.group(1) if target else None))
+                                                   target.group(1) if target else None, where))
         if base in ("BRA", "EXIT", "RET"):
             blocks.append(Block())
     return [b for b in blocks if b.instructions]
 
 
-def ordinary_path(blocks: list[Block]) -> list[Block]:
-    """The blocks the entry (the first block) reaches without entering a rare one, in listing
-    order: by falling through and by the labels that branches, BSSY and CALL name."""
+# -- the walk ----------------------------------------------------------------------------------
+
+def _successors(blocks: list[Block]) -> list[list[tuple[int, Instruction | None]]]:
+    """For each block, the blocks control may go to next: (index, the conditional branch or
+    predicated EXIT that decides, or None where nothing does): the labels that branches, BSSY
+    and CALL name, and the next block where control falls through."""
     by_label = {label: n for n, b in enumerate(blocks) for label in b.labels}
-    seen, todo = set(), [0] if blocks else []
+    out = []
+    for n, block in enumerate(blocks):
+        last = block.instructions[-1]
+        nexts = [(by_label[i.target], i if i.conditional else None)
+                 for i in block if i.target in by_label]
+        if not last.ends_flow and n + 1 < len(blocks):
+            decides = last.conditional and last.base in ("BRA", "EXIT", "RET")
+            nexts.append((n + 1, last if decides else None))
+        out.append(nexts)
+    return out
+
+
+def _dominated(succ: list[list]) -> list[set[int]]:
+    """For each block, the blocks it dominates (every way from the entry to them passes it)."""
+    reach, todo = set(), [0]
     while todo:
         n = todo.pop()
-        if n in seen or blocks[n].rare:
+        if n not in reach:
+            reach.add(n)
+            todo += [m for m, _ in succ[n]]
+    preds = {n: [p for p in reach if any(m == n for m, _ in succ[p])] for n in reach}
+    dom = {n: set(reach) for n in reach}
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for n in sorted(reach - {0}):
+            new = set.intersection(*(dom[p] for p in preds[n])) | {n}
+            if new != dom[n]:
+                dom[n], changed = new, True
+    out = [set() for _ in succ]
+    for n, doms in dom.items():
+        for d in doms:
+            out[d].add(n)
+    return out
+
+
+def _runs_marked_memory(block: Block, marks: Marks) -> bool:
+    """Whether the block runs, unpredicated, a memory or synchronisation instruction of marked
+    code."""
+    return any(i.base in _ANCHORED and not i.conditional and i.where
+               and marks.region(i.where[0]) is not None for i in block)
+
+
+def ordinary_path(blocks: list[Block], marks: Marks | None = None) -> list[Block]:
+    """The blocks the entry (the first block) reaches without rare code, in listing order.
+
+    At a branch on a rare decision's line (Marks), the side left out is the one whose code (the
+    blocks it dominates) comes most from that marker's lines, where a line of the instruction
+    or of a call it was inlined at counts: line by line, since the compiler moves cheap
+    instructions across the branch and keeps one copy's lines where it merges two. Nor does the
+    walk take a conditional branch to a block that runs, unpredicated, a memory or
+    synchronisation instruction of marked code (never moved speculatively): a rare branch whose
+    `if` the compiler folded into another test. Where control falls into such a block without a
+    condition, it is code the compiler merged from both sides, and ordinary."""
+    marks = marks or Marks()
+    if not blocks:
+        return []
+    succ = _successors(blocks)
+    dominated = _dominated(succ) if marks.decisions else None
+    seen, todo = set(), [0]
+    while todo:
+        n = todo.pop()
+        if n in seen:
             continue
         seen.add(n)
+        rare_side = None
         last = blocks[n].instructions[-1]
-        if not last.ends_flow and n + 1 < len(blocks):
-            todo.append(n + 1)
-        todo += [by_label[i.target] for i in blocks[n] if i.target in by_label]
+        decides = last.conditional and last.base in ("BRA", "EXIT", "RET") and last.where
+        mark = marks.decision(last.where[0]) if decides else None
+        if mark is not None:
+            share = {}
+            for m, decides in succ[n]:
+                if decides is not None:
+                    code = [i for d in dominated[m] for i in blocks[d]]
+                    hits = sum(any(marks.region(w) == mark for w in i.where) for i in code)
+                    share[m] = hits / len(code) if code else 0.0
+            best = max(share.values(), default=0.0)
+            sides = [m for m, s in share.items() if s == best]
+            if best > 0 and len(sides) == 1:
+                rare_side = sides[0]
+        todo += [m for m, decides in succ[n] if m != rare_side and m not in seen
+                 and not (decides is not None and _runs_marked_memory(blocks[m], marks))]
     return [b for n, b in enumerate(blocks) if n in seen]
 
 
+# -- the facts ---------------------------------------------------------------------------------
+
 @dataclass
 class SassFacts:
-    instructions: int = 0              # on the ordinary aligned path, each once
+    instructions: int = 0              # on the ordinary path, each once
     int_alu: int = 0
     loads: dict = field(default_factory=dict)   # global loads by width in bits
     stores: dict = field(default_factory=dict)  # global stores by width in bits
@@ -201,48 +420,121 @@ class SassFacts:
     load_rounds: int = 0    # times a thread waits on a global load before issuing the next
     first_round_bytes: int = 0  # global-load bytes one thread has in flight before its first wait
     first_round_narrow_bytes: int = 0  # the part of them that loads narrower than 128 bits move
+    fences: int = 0         # MEMBAR on the ordinary path
+    atomics: int = 0        # global atomics and reductions (ATOM, RED) on the ordinary path
+    # The loop of the ordinary path with the most global-load bytes in flight a trip (none: 0):
+    loop_bytes_in_flight: int = 0  # bytes one thread has in flight in a trip before its first wait
+    loop_rounds: int = 0           # waits of one trip
+    straight_rounds: int = 0       # load rounds of the path outside every loop
+    # Every block of the cubin, the rare code and the ordinary path together:
+    all_instructions: int = 0
+    all_loads: dict = field(default_factory=dict)
+    all_stores: dict = field(default_factory=dict)
+    all_fences: int = 0
+    all_atomics: int = 0
 
     def as_dict(self) -> dict:
         row = asdict(self)
-        row["loads"] = {str(k): v for k, v in sorted(self.loads.items())}
-        row["stores"] = {str(k): v for k, v in sorted(self.stores.items())}
+        for key in ("loads", "stores", "all_loads", "all_stores"):
+            row[key] = {str(k): v for k, v in sorted(getattr(self, key).items())}
         return row
 
 
-def facts(sass: str) -> SassFacts:
-    """Count the facts of a listing of one kernel function (nvdisasm -c output) on its ordinary
-    path (`ordinary_path`)."""
-    out = SassFacts()
+@dataclass
+class _Rounds:
+    rounds: int = 0
+    first_bytes: int = 0
+    first_narrow_bytes: int = 0
+
+
+def _load_rounds(blocks: list[Block], skip=lambda ins: False) -> _Rounds:
+    """Walking `blocks` in order, a load's destination registers are pending until an
+    instruction reads one of them: that read is a wait, and every load issued before it is taken
+    as arrived (they were in flight together). A load issued after a wait opens a new round.
+    Instructions `skip` names take no part."""
+    out = _Rounds()
     pending: set[int] = set()
     waited = True  # the first load opens round 1
-    for block in ordinary_path(parse(sass)):
-        for ins in block:
-            out.instructions += 1
-            out.int_alu += is_int_alu(ins.opcode)
-            out.shuffles += ins.base == "SHFL"
-            out.barriers += ins.base == "BAR"
-            out.local_loads += ins.base == "LDL"
-            out.local_stores += ins.base == "STL"
-            # A read of a register a global load is still filling is a wait; after it every
-            # load issued so far is taken as arrived (they were in flight together).
-            if pending & set(ins.srcs):
-                pending.clear()
-                waited = True
-            if ins.base == "LDG":
-                bits = load_width(ins.opcode)
-                out.loads[bits] = out.loads.get(bits, 0) + 1
-                out.load_bytes += bits // 8
-                if waited:
-                    out.load_rounds += 1
-                    waited = False
-                if out.load_rounds == 1:
-                    out.first_round_bytes += bits // 8
-                    out.first_round_narrow_bytes += bits // 8 if bits < 128 else 0
-                pending.update(ins.dest)
-            elif ins.base == "STG":
-                bits = load_width(ins.opcode)
-                out.stores[bits] = out.stores.get(bits, 0) + 1
-                out.store_bytes += bits // 8
-            elif ins.dest:
-                pending.difference_update(ins.dest)
+    for ins in (i for block in blocks for i in block if not skip(i)):
+        if pending & set(ins.srcs):
+            pending.clear()
+            waited = True
+        if ins.base == "LDG":
+            nbytes = load_width(ins.opcode) // 8
+            if waited:
+                out.rounds += 1
+                waited = False
+            if out.rounds == 1:
+                out.first_bytes += nbytes
+                out.first_narrow_bytes += nbytes if nbytes < 16 else 0
+            pending.update(ins.dest)
+        elif ins.dest:
+            pending.difference_update(ins.dest)
+    return out
+
+
+def _count_widths(counts: dict, opcode: str) -> int:
+    bits = load_width(opcode)
+    counts[bits] = counts.get(bits, 0) + 1
+    return bits // 8
+
+
+def _loops(blocks: list[Block], path: list[int]) -> list[list[Block]]:
+    """The loops of the path: for each branch back to a block at or before it in the listing, the
+    path's blocks from that one to the branch."""
+    on_path = set(path)
+    succ = _successors(blocks)
+    return [[blocks[k] for k in path if m <= k <= n]
+            for n in path for m, _ in succ[n] if m <= n and m in on_path]
+
+
+def facts(sass: str, marks: Marks | None = None) -> SassFacts:
+    """The facts of a listing of one kernel function (nvdisasm -c -gi output): counted on its
+    ordinary path (`ordinary_path` with `marks`; without, all the entry reaches), and over every
+    block (the all_* fields). Marked code the compiler predicated into an ordinary block (a short
+    rare branch, if-converted) is issued there and counts as instructions, but an ordinary row's
+    predicate is false: it moves no bytes and makes no thread wait."""
+    marks = marks or Marks()
+    out = SassFacts()
+    blocks = parse(sass)
+    ordinary = ordinary_path(blocks, marks)
+
+    def predicated_rare(ins: Instruction) -> bool:
+        return ins.conditional and bool(ins.where) and marks.region(ins.where[0]) is not None
+
+    for ins in (i for block in ordinary for i in block):
+        out.instructions += 1
+        out.int_alu += is_int_alu(ins.opcode)
+        if predicated_rare(ins):
+            continue
+        out.shuffles += ins.base == "SHFL"
+        out.barriers += ins.base == "BAR"
+        out.local_loads += ins.base == "LDL"
+        out.local_stores += ins.base == "STL"
+        out.fences += ins.base == "MEMBAR"
+        out.atomics += ins.base in _ATOMIC
+        if ins.base == "LDG":
+            out.load_bytes += _count_widths(out.loads, ins.opcode)
+        elif ins.base == "STG":
+            out.store_bytes += _count_widths(out.stores, ins.opcode)
+    rounds = _load_rounds(ordinary, predicated_rare)
+    out.load_rounds = rounds.rounds
+    out.first_round_bytes = rounds.first_bytes
+    out.first_round_narrow_bytes = rounds.first_narrow_bytes
+    index = {id(b): n for n, b in enumerate(blocks)}
+    loops = _loops(blocks, [index[id(b)] for b in ordinary])
+    trips = [_load_rounds(loop, predicated_rare) for loop in loops]
+    main = max(trips, key=lambda r: r.first_bytes, default=_Rounds())
+    out.loop_bytes_in_flight, out.loop_rounds = main.first_bytes, main.rounds
+    in_loops = {id(b) for loop in loops for b in loop}
+    out.straight_rounds = _load_rounds([b for b in ordinary if id(b) not in in_loops],
+                                       predicated_rare).rounds
+    for ins in (i for block in blocks for i in block):
+        out.all_instructions += 1
+        out.all_fences += ins.base == "MEMBAR"
+        out.all_atomics += ins.base in _ATOMIC
+        if ins.base == "LDG":
+            _count_widths(out.all_loads, ins.opcode)
+        elif ins.base == "STG":
+            _count_widths(out.all_stores, ins.opcode)
     return out

@@ -99,9 +99,12 @@ __device__ __forceinline__ bool cek_aligned16(const void* p) {
 }
 
 // Opens a branch that an ordinary row of an aligned tensor never takes (a misaligned view, a
-// huge row). On the GPU it is a `pmevent`, which only signals a profiler counter; its SASS, a
-// PMTRIG, tells the static report (cek/sass.py) where the rare code starts, so that it reads the
-// ordinary path out of the very cubin that launches. Nothing on the CPU emulator.
+// huge row): the rest of its scope, the body of an `if` or what follows an `if` that returns.
+// The static report (cek/sass.py) reads the marker in this source and finds the code it marks by
+// the line table (-lineinfo), not in the code. On the GPU it is still a `pmevent`, which only
+// signals a profiler counter, on rare paths alone: compiled to nothing, it leaves the compiler
+// free to move code across the rare branches, and the float fused kernel at BLOCK_SIZE 8192
+// (sm_80, sm_90) and the float backward kernel at 4096 (sm_90) spill. Nothing on the CPU.
 #ifdef __CUDA_ARCH__
 #define CEK_RARE_PATH() asm volatile("pmevent 0;")
 #else

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from cek import report, sass
 from cek.cli import main
 from cek.compile import compile_kernel
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import kernel_classes
 from cek.occupancy import occupancy
 
@@ -100,10 +101,15 @@ def test_bytes_in_flight_count_a_rows_labels_once():
 
 # -- SASS counters ----------------------------------------------------------------------------
 
+def _listing(stem: str) -> tuple[str, sass.Marks]:
+    """The SASS of tests/sass/<stem>.cu and the rare code its source marks."""
+    source = (SASS_DIR / f"{stem}.cu").read_text()
+    compiled = compile_kernel(SimpleNamespace(id=stem, source=source), "sm_90")
+    return sass.disassemble(compiled.cubin), sass.Marks.from_source(source, f"{stem}.cu")
+
+
 def _facts(stem: str) -> sass.SassFacts:
-    path = SASS_DIR / f"{stem}.cu"
-    compiled = compile_kernel(SimpleNamespace(id=stem, source=path.read_text()), "sm_90")
-    return sass.facts(sass.disassemble(compiled.cubin))
+    return sass.facts(*_listing(stem))
 
 
 @needs_nvdisasm
@@ -113,13 +119,33 @@ def _facts(stem: str) -> sass.SassFacts:
     ("scalar_load", {32: 1}, {32: 1}, 1, 0, 0),        # LDG.E, 32 bits
     ("warp_sum", {32: 1}, {32: 1}, 1, 5, 0),           # 16, 8, 4, 2, 1
     ("two_barriers", {32: 1}, {32: 1}, 1, 0, 2),
-    ("rare_branch", {32: 1}, {32: 1}, 1, 0, 0),        # the reload behind the PMTRIG left out
+    ("rare_branch", {32: 1}, {32: 1}, 1, 0, 0),        # the marked reload left out
+    ("rare_after_return", {32: 1}, {32: 1}, 1, 0, 0),  # ... in the other form
 ])
 def test_sass_counters_on_known_kernels(stem, loads, stores, rounds, shuffles, barriers):
     f = _facts(stem)
     assert (f.loads, f.stores, f.load_rounds) == (loads, stores, rounds)
     assert (f.shuffles, f.barriers, f.local_loads, f.local_stores) == (shuffles, barriers, 0, 0)
     assert f.load_bytes == sum(bits // 8 * n for bits, n in loads.items())
+
+
+@needs_nvdisasm
+@pytest.mark.parametrize("stem", ["rare_branch", "rare_after_return"])
+def test_the_marks_alone_leave_the_rare_reload_out(stem):
+    # CEK_RARE_PATH() is nothing in the code: ptxas predicates these short branches into the
+    # ordinary block (@P0 LDG ...), where they are issued but, for an ordinary row, move nothing.
+    # The listing is the same without the marker; read without the marks, the reload counts
+    # (two loads, 2 rounds), so the marks are what leave it out.
+    listing, marks = _listing(stem)
+    source = (SASS_DIR / f"{stem}.cu").read_text()
+    unmarked = source.replace("CEK_RARE_PATH();", " " * len("CEK_RARE_PATH();"))
+    compiled = compile_kernel(SimpleNamespace(id=stem, source=unmarked), "sm_90")
+    assert sass.disassemble(compiled.cubin) == listing
+    assert not any(i.base == "PMTRIG" for b in sass.parse(listing) for i in b)
+    f = sass.facts(listing)
+    assert (f.loads, f.load_rounds) == ({32: 2}, 2)
+    marked = sass.facts(listing, marks)
+    assert (marked.loads, marked.load_rounds, marked.instructions) == ({32: 1}, 1, f.instructions)
 
 
 @needs_nvdisasm
@@ -134,70 +160,241 @@ def test_shuffles_are_not_integer_alu():
         False, True, True, True, True, False, False]
 
 
-# A hand-written listing in nvdisasm's form: a 128-bit load; a rare block (a PMTRIG, which
-# CEK_RARE_PATH() compiles to) of scalar loads, reached by a conditional branch and falling
-# through to the join; then y[row] and dy[row] issued after the first use of x. The rare block
-# and the trap loop after EXIT (reached from nowhere) must not count, y and dy must (round 2).
-LISTING = """
+# Hand-written listings in nvdisasm -gi's form, with the source whose lines they name.
+SOURCE = """\
+#define CEK_RARE_PATH()
+extern "C" __global__ void listing(const float4* x, const float* y, float* out) {
+    float4 v = x[0];
+    if (v.x < 0.0f) {
+        CEK_RARE_PATH();  // a reload
+        v.y = y[2] + y[3];
+    }
+    out[0] = v.x * v.y + y[0] + y[1];
+}
+"""
+MARKS = sass.Marks.from_source(SOURCE, "listing.cu")
+
+
+def _at(line: int) -> str:
+    return f'        //## File "/build/listing.cu", line {line}'
+
+
+# A 128-bit load; the rare branch (line 6), reached by a conditional branch on its `if` (line 4)
+# and falling through to the join; then y[0] and y[1] issued after the first use of x. The rare
+# block and the trap loop after EXIT (reached from nowhere) must not count, y and dy must
+# (round 2).
+LISTING = f"""
+{_at(3)}
         /*0000*/                   LDG.E.128.CONSTANT R4, desc[UR4][R4.64] ;
+{_at(4)}
         /*0010*/              @!P0 BRA `(.L_x_2) ;
         /*0020*/                   BRA `(.L_x_1) ;
 .L_x_2:
-        /*0030*/                   PMTRIG 0x1 ;
-        /*0040*/              @!P1 LDG.E R6, desc[UR4][R10.64+0x8] ;
-        /*0050*/                   LDG.E R4, desc[UR4][R10.64] ;
+{_at(6)}
+        /*0030*/              @!P1 LDG.E R6, desc[UR4][R10.64+0x8] ;
+        /*0040*/                   LDG.E R4, desc[UR4][R10.64] ;
 .L_x_1:
-        /*0060*/                   FMUL R12, R4, R5 ;
-        /*0070*/                   LDG.E.CONSTANT R14, desc[UR4][R18.64] ;
-        /*0080*/                   LDG.E.CONSTANT R16, desc[UR4][R16.64] ;
-        /*0090*/                   FADD R12, R14, R16 ;
-        /*00a0*/                   NOP ;
-        /*00b0*/                   EXIT ;
+{_at(8)}
+        /*0050*/                   FMUL R12, R4, R5 ;
+        /*0060*/                   LDG.E.CONSTANT R14, desc[UR4][R18.64] ;
+        /*0070*/                   LDG.E.CONSTANT R16, desc[UR4][R16.64] ;
+        /*0080*/                   FADD R12, R14, R16 ;
+        /*0090*/                   NOP ;
+{_at(9)}
+        /*00a0*/                   EXIT ;
 .L_x_3:
-        /*00c0*/                   BRA `(.L_x_3);
+        /*00b0*/                   BRA `(.L_x_3);
 """
 
 
 def test_rare_block_left_out_and_late_loads_counted():
-    f = sass.facts(LISTING)
+    f = sass.facts(LISTING, MARKS)
     assert f.loads == {128: 1, 32: 2}
     assert f.load_rounds == 2
     assert (f.first_round_bytes, f.first_round_narrow_bytes) == (16, 0)
     assert f.instructions == 8  # the rare block, the NOP and the trap loop left out
+    # every block: the rare reload and the trap loop too
+    assert (f.all_instructions, f.all_loads) == (11, {128: 1, 32: 4})
+    assert sass.facts(LISTING).loads == {128: 1, 32: 4}  # without the marks
 
 
 def test_listing_in_sm_80_syntax():
     # sm_80's listing writes the address as [R10.64+0x8], without sm_90's desc[UR4] prefix
-    assert sass.facts(LISTING.replace("desc[UR4]", "")) == sass.facts(LISTING)
+    plain = LISTING.replace("desc[UR4]", "")
+    assert sass.facts(plain, MARKS) == sass.facts(LISTING, MARKS)
 
 
-# The walk follows control flow: a branch on a condition operand (BRA !P1) falls through too;
-# a rare block's predicated EXIT falls through into a block that only the rare one reaches, left
-# out with it; a predicated PMTRIG (ptxas may predicate a short rare branch into ordinary code)
-# marks nothing: its block runs on the ordinary path.
-FLOW_LISTING = """
+def test_instructions_keep_the_last_lines_printed():
+    # nvdisasm prints a line group where the line changes; an instruction without one has the
+    # lines of the one before it. A group gives the line, then one line more for each call it
+    # was inlined at, outward.
+    blocks = sass.parse(LISTING + '        //## File "/b/a.cu", line 7 inlined at "/b/c.cu", '
+                        'line 2\n        //## File "/b/c.cu", line 2\n'
+                        '        /*00c0*/                   EXIT ;\n')
+    assert [i.where for i in blocks[0]] == [(("/build/listing.cu", 3),),
+                                           (("/build/listing.cu", 4),)]
+    assert blocks[3].instructions[1].where == (("/build/listing.cu", 8),)
+    assert blocks[-1].instructions[0].where == (("/b/a.cu", 7), ("/b/c.cu", 2))
+
+
+FLOW_SOURCE = """\
+#define CEK_RARE_PATH()
+extern "C" __global__ void flow(const float4* x, float4* out, unsigned short* half_out) {
+    float4 v = x[0];
+    if (v.x == v.x) {
+        out[0] = v;
+        return;
+    }
+    CEK_RARE_PATH();  // a NaN
+    half_out[0] = 1; half_out[7] = 2;
+}
+"""
+
+
+def _flow_at(line: int) -> str:
+    return f'        //## File "/build/flow.cu", line {line}'
+
+
+# The walk follows control flow: a branch on a condition operand (BRA !P1) falls through too.
+# The rare side of the `if` (line 4) is the one whose code comes from the marked lines: here the
+# fall-through, whose predicated EXIT falls into a block that only it reaches, left out with it.
+# A marked store predicated into the ordinary block (an if-converted rare branch) is issued
+# there, but for an ordinary row moves nothing.
+FLOW_LISTING = f"""
+{_flow_at(3)}
         /*0000*/                   LDG.E.128.CONSTANT R4, desc[UR4][R4.64] ;
+{_flow_at(4)}
         /*0010*/              @!P0 BRA !P1, `(.L_x_5) ;
-        /*0020*/                   PMTRIG 0x1 ;
-        /*0030*/                   STG.E.U16 desc[UR4][R8.64], R15 ;
-        /*0040*/               @P2 EXIT ;
-        /*0050*/                   STG.E.U16 desc[UR4][R8.64+0xe], R22 ;
-        /*0060*/                   EXIT ;
+{_flow_at(9)}
+        /*0020*/                   STG.E.U16 desc[UR4][R8.64], R15 ;
+        /*0030*/               @P2 EXIT ;
+        /*0040*/                   STG.E.U16 desc[UR4][R8.64+0xe], R22 ;
+        /*0050*/                   EXIT ;
 .L_x_5:
-        /*0070*/                   STG.E.128 desc[UR4][R20.64], R4 ;
-        /*0080*/               @P3 PMTRIG 0x1 ;
-        /*0090*/                   LDG.E.CONSTANT R14, desc[UR4][R8.64] ;
-        /*00a0*/                   EXIT ;
+{_flow_at(5)}
+        /*0060*/                   STG.E.128 desc[UR4][R20.64], R4 ;
+{_flow_at(9)}
+        /*0070*/               @P3 STG.E.U16 desc[UR4][R8.64], R3 ;
+{_flow_at(5)}
+        /*0080*/                   LDG.E.CONSTANT R14, desc[UR4][R8.64] ;
+        /*0090*/                   EXIT ;
 """
 
 
 def test_walk_follows_branches_and_leaves_out_what_only_rare_code_reaches():
+    marks = sass.Marks.from_source(FLOW_SOURCE, "flow.cu")
     blocks = sass.parse(FLOW_LISTING)
-    assert [b.rare for b in blocks] == [False, True, False, False]
-    assert sass.ordinary_path(blocks) == [blocks[0], blocks[3]]
-    f = sass.facts(FLOW_LISTING)
+    assert sass.ordinary_path(blocks, marks) == [blocks[0], blocks[3]]
+    f = sass.facts(FLOW_LISTING, marks)
     assert (f.stores, f.loads, f.instructions) == ({128: 1}, {128: 1, 32: 1}, 6)
     assert f.load_rounds == 2  # the STG reads R4..R7: a wait before y's load
+    assert f.all_stores == {16: 3, 128: 1}
+
+
+MERGE_SOURCE = """\
+#define CEK_RARE_PATH()
+__device__ void put(float* p, float v, bool vec) {
+    if (vec) {
+        p[0] = v;
+        return;
+    }
+    CEK_RARE_PATH();  // a misaligned view
+    p[1] = v;
+}
+"""
+
+
+def _merge_at(line: int) -> str:
+    return f'        //## File "/build/merge.cu", line {line}'
+
+
+# Where the compiler folded the rare `if` into another test (the branch's line is no decision),
+# the walk does not take a conditional branch to a block that runs a marked store unpredicated.
+# Where control falls into such a block without a condition, the store is one the compiler
+# merged from both sides (keeping the rare one's line): ordinary code.
+MERGE_LISTING = f"""
+{_merge_at(2)}
+        /*0000*/                   ISETP.NE.AND P0, PT, R2, RZ, PT ;
+        /*0010*/               @P0 BRA `(.L_x_1) ;
+{_merge_at(8)}
+        /*0020*/                   STG.E desc[UR4][R6.64+0x4], R3 ;
+        /*0030*/                   BRA `(.L_x_2) ;
+.L_x_1:
+{_merge_at(4)}
+        /*0040*/                   IADD3 R5, R5, 0x1, RZ ;
+        /*0050*/                   STG.E desc[UR4][R6.64], R5 ;
+.L_x_2:
+{_merge_at(8)}
+        /*0060*/                   STG.E desc[UR4][R6.64+0x8], R3 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_marked_memory_code_stops_a_conditional_branch_only():
+    marks = sass.Marks.from_source(MERGE_SOURCE, "merge.cu")
+    blocks = sass.parse(MERGE_LISTING)
+    assert sass.ordinary_path(blocks, marks) == [blocks[0], blocks[2], blocks[3]]
+    assert sass.facts(MERGE_LISTING, marks).stores == {32: 2}
+    assert sass.facts(MERGE_LISTING).stores == {32: 3}
+
+
+# -- where the source marks rare code ------------------------------------------------------------
+
+def _marked(source: str) -> tuple[list[int], list[int]]:
+    marks = sass.Marks.from_source(source, "k.cu")
+    return sorted(n for _, n in marks.decisions), sorted(n for _, n in marks.regions)
+
+
+def test_marks_take_the_if_that_opens_the_code_and_the_rest_of_its_scope():
+    # the body of an `if` (a condition over two lines: both are the decision's), then the rest
+    # of the scope after an `if` that returns, on one line or in braces; braces in comments and
+    # the #define itself do not count
+    assert _marked("""\
+#define CEK_RARE_PATH()
+void f(bool a, bool b) {
+    if (a &&
+        b) {  // {
+        CEK_RARE_PATH();
+        if (b) { g(); }
+    }
+    h();
+}
+""") == ([3, 4], [5, 6, 7])
+    assert _marked("""\
+int f(bool a) {
+    if (a) return 1;
+
+    CEK_RARE_PATH();  // }
+    return 2;
+}
+int g() { return 0; }
+""") == ([2], [4, 5, 6])
+    assert _marked("""\
+int f(bool a) {
+    if (a) {
+        return 1;
+    }
+    CEK_RARE_PATH();
+    return 2;
+}
+""") == ([2], [5, 6, 7])
+
+
+def test_marks_follow_line_directives():
+    # the kernels' source is one text of several files, each opened by a #line directive
+    marks = sass.Marks.from_source('#line 1 "kernels/a.cuh"\nvoid f(bool a) {\n'
+                                   '    if (a) {\n        CEK_RARE_PATH();\n    }\n}\n'
+                                   '#line 8 "kernels/b.cu"\nvoid g() {}\n', "b.cu")
+    assert marks.decisions == {("kernels/a.cuh", 2): 1}
+    assert set(marks.regions) == {("kernels/a.cuh", 3), ("kernels/a.cuh", 4)}
+    assert marks.region(("/any/dir/kernels/a.cuh", 3)) == 1  # nvdisasm's path ends with the name
+    assert marks.region(("/any/dir/kernels/xa.cuh", 3)) is None
+    assert marks.region(("/any/dir/kernels/b.cu", 3)) is None
+
+
+def test_a_marker_without_its_if_is_refused():
+    with pytest.raises(ValueError, match=r"k.cu:3: CEK_RARE_PATH\(\) must open"):
+        sass.Marks.from_source("void f() {\n    g();\n    CEK_RARE_PATH();\n}\n", "k.cu")
 
 
 # -- static_row and the CLI ------------------------------------------------------------------
@@ -214,6 +411,34 @@ def test_static_row_is_one_json_row_with_every_fact():
     assert row["sass"]["first_round_narrow_bytes"] == 4 + 4
     assert row["rows_per_block"] == 1
     assert row["bytes_in_flight_per_sm"] == row["blocks_per_sm"] * (32 * 192 + 8)
+    assert row["reduction"] is None  # it writes the rows' losses; a mean is another launch
+    assert (row["sass"]["all_fences"], row["sass"]["all_atomics"]) == (0, 0)
+
+
+@needs_nvdisasm
+def test_static_row_of_a_reduction():
+    # one block adds 65536 float losses: 256 KB read, 4 bytes a row
+    row = report.static_row(CosineEmbeddingLossReduce.for_dtype("f32"), 65536, 768)
+    assert json.loads(json.dumps(row)) == row
+    assert (row["grid"], row["block"], row["rows_per_block"]) == ([1, 1, 1], [1024, 1, 1], 65536)
+    assert report.read_bytes(CosineEmbeddingLossReduce.for_dtype("f32"), 65536, 768) == 4 * 65536
+    assert set(row["reduction"]) == {"blocks", "rows_per_block", "publishes_per_row",
+                                     "tail_round_trips", "tail_bytes_in_flight_per_thread"}
+    assert row["reduction"]["publishes_per_row"] == 0
+
+
+def test_reduction_facts_from_the_sass_facts():
+    # one block: trips of the main loop (2 MB / (256 threads x 64 bytes) = 128) times its rounds,
+    # and the rounds outside loops; 64 independent blocks: a 64th of that each, in parallel;
+    # blocks that count themselves done with atomics: publishes per row, and no tail cek can find
+    facts = {"fences": 0, "atomics": 0, "all_atomics": 0, "loop_bytes_in_flight": 64,
+             "loop_rounds": 2, "straight_rounds": 1}
+    one = report.reduction_facts(facts, 1, 256, 1 << 19, 2 << 20)
+    assert (one["tail_round_trips"], one["publishes_per_row"]) == (128 * 2 + 1, 0)
+    assert report.reduction_facts(facts, 64, 256, 1 << 13, 2 << 20)["tail_round_trips"] == 2 * 2 + 1
+    facts.update(fences=1, atomics=1, all_atomics=1)
+    many = report.reduction_facts(facts, 4096, 256, 16, 2 << 20)
+    assert (many["tail_round_trips"], many["publishes_per_row"]) == (None, 2 / 16)
 
 
 @pytest.mark.parametrize("kwargs, word", [({"arch": "sm_70"}, "arch"), ({"gpu": "v100"}, "gpu"),
@@ -273,56 +498,58 @@ def test_cli_report_rejects_bad_n_rows():
 # one: the kernel is the same. backward-keep reads dy first, to know whether to read
 # the row at all: 2 rounds, with only dy in flight in the first. The streamed fused kernel
 # (2^20) is 4 loop bodies in a row: the sums' 4 pairs a trip and remainder, the gradient pass's
-# 4 pairs and remainder.
+# 4 pairs and remainder. `rare` is every other instruction of the cubin (the misaligned
+# fallbacks, the huge-row branches, the trap after EXIT); no kernel runs a fence or an atomic
+# (`fence/atom`, every block): a mean or sum is a launch of its own (REDUCE_FACTS).
 FACT_COLUMNS = ("regs", "occ%", "limit", "waves", "ldg", "stg", "shfl", "bar", "rounds", "instr",
-                "int", "inflight/SM")
+                "int", "inflight/SM", "rare", "fence/atom")
 KERNEL_FACTS = {
     ("fused", "f32", 768): (31, "94", "registers+warps", "49.65", "2x128 2x32", "2x128 1x32", 30, 1,
-                            1, 227, 41, "60K"),
+                            1, 227, 41, "60K", 276, "0/0"),
     ("fused", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 4x32", "4x128 3x32", 30,
-                             1, 1, 355, 49, "128K"),
+                             1, 1, 355, 49, "128K", 351, "0/0"),
     ("fused", "f32", 5888): (32, "98", "registers+warps", "165.49", "4x128 4x32", "4x128 3x32", 30,
-                             1, 1, 355, 49, "126K"),
+                             1, 1, 355, 49, "126K", 351, "0/0"),
     ("fused", "bf16", 5888): (32, "98", "registers+warps", "165.49", "2x128 2x32 2x16",
-                              "2x128 1x32 2x16", 30, 1, 1, 370, 91, "63K"),
+                              "2x128 1x32 2x16", 30, 1, 1, 370, 91, "63K", 359, "0/0"),
     ("fused", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 2x32", "2x128 1x32", 30,
-                             1, 1, 300, 45, "63K"),
+                             1, 1, 300, 45, "63K", 363, "0/0"),
     ("fused", "bf16", 8192): (32, "100", "registers+warps", "248.24", "2x128 2x32 2x16",
-                              "2x128 1x32 2x16", 30, 1, 1, 370, 91, "64K"),
+                              "2x128 1x32 2x16", 30, 1, 1, 370, 91, "64K", 359, "0/0"),
     ("fused", "f64", 768): (40, "75", "registers", "124.12", "2x128 2x64", "2x128 1x64", 60, 1, 1,
-                            342, 78, "48K"),
+                            342, 78, "48K", 452, "0/0"),
     ("fused", "f16", 768): (32, "98", "registers+warps", "23.64", "2x128 2x32", "2x128 1x32", 30, 1,
-                            1, 286, 40, "63K"),
+                            1, 286, 40, "63K", 349, "0/0"),
     ("fused", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128 1x32", 15, 0,
-                            1, 207, 58, "64K"),
+                            1, 207, 58, "64K", 252, "0/0"),
     ("fused", "f32", 1 << 20): (62, "50", "registers", "496.48", "20x128 2x32", "10x128 1x32", 30,
-                                1, 4, 717, 245, "128K"),
+                                1, 4, 717, 245, "128K", 802, "0/0"),
     ("forward", "f32", 768): (26, "94", "registers+warps", "49.65", "2x128 1x32", "1x32", 30, 1, 1,
-                              166, 26, "60K"),
+                              166, 26, "60K", 178, "0/0"),
     ("forward", "f32", 8192): (30, "100", "registers+warps", "248.24", "4x128 3x32", "1x32", 30, 1,
-                               1, 226, 34, "128K"),
-    ("forward", "bf16", 768): (27, "98", "registers+warps", "23.64", "2x128 1x32", "1x32", 30, 1,
-                               1, 194, 43, "63K"),
+                               1, 226, 34, "128K", 226, "0/0"),
+    ("forward", "bf16", 768): (27, "98", "registers+warps", "23.64", "2x128 1x32", "1x32", 30, 1, 1,
+                               194, 43, "63K", 221, "0/0"),
     ("forward", "bf16", 8192): (30, "100", "registers+warps", "248.24", "2x128 1x32 2x16", "1x32",
-                                30, 1, 1, 220, 61, "64K"),
+                                30, 1, 1, 220, 61, "64K", 218, "0/0"),
     ("forward-rows", "f32", 128): (26, "100", "registers+warps", "7.76", "2x128 1x32", "1x32", 15,
-                                   0, 1, 127, 29, "64K"),
+                                   0, 1, 127, 29, "64K", 137, "0/0"),
     ("backward", "f32", 768): (30, "94", "registers+warps", "49.65", "2x128 2x32", "2x128", 30, 1,
-                               1, 230, 26, "60K"),
+                               1, 230, 26, "60K", 271, "0/0"),
     ("backward", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 4x32", "4x128 2x32",
-                                30, 1, 1, 335, 76, "128K"),
+                                30, 1, 1, 335, 76, "128K", 348, "0/0"),
     ("backward", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 2x32", "2x128", 30, 1,
-                                1, 287, 47, "63K"),
+                                1, 287, 47, "63K", 352, "0/0"),
     ("backward", "bf16", 8192): (32, "100", "registers+warps", "248.24", "2x128 2x32 2x16",
-                                 "2x128 2x16", 30, 1, 1, 358, 96, "64K"),
-    ("backward-rows", "f32", 128): (31, "100", "registers+warps", "7.76", "2x128 2x32", "2x128",
-                                    15, 0, 1, 182, 47, "64K"),
-    ("backward-keep", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128",
-                                    15, 0, 2, 186, 50, "256B"),
-    ("backward-keep", "f32", 768): (32, "94", "registers+warps", "49.65", "2x128 2x32", "2x128",
-                                    30, 1, 2, 221, 44, "40B"),
+                                 "2x128 2x16", 30, 1, 1, 358, 96, "64K", 350, "0/0"),
+    ("backward-rows", "f32", 128): (31, "100", "registers+warps", "7.76", "2x128 2x32", "2x128", 15,
+                                    0, 1, 182, 47, "64K", 252, "0/0"),
+    ("backward-keep", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128", 15,
+                                    0, 2, 186, 50, "256B", 252, "0/0"),
+    ("backward-keep", "f32", 768): (32, "94", "registers+warps", "49.65", "2x128 2x32", "2x128", 30,
+                                    1, 2, 221, 44, "40B", 260, "0/0"),
     ("backward-keep", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 2x32", "2x128",
-                                     30, 1, 2, 283, 65, "84B"),
+                                     30, 1, 2, 283, 65, "84B", 351, "0/0"),
 }
 
 
@@ -341,14 +568,97 @@ def test_kernel_facts_pinned(key):
 @needs_nvdisasm
 @pytest.mark.parametrize("name", ["fused", "backward-keep", "forward"])
 def test_rare_code_is_in_the_cubin_and_left_out(name):
-    # The huge-row branch and the misaligned fallback are in the code that launches, behind
-    # PMTRIGs; the walk leaves them out: without that, their reloads of the row would show.
-    kernel = kernel_classes()[name].for_n_dim(768)
-    blocks = sass.parse(sass.disassemble(kernel.compile("sm_90").cubin))
-    ordinary = sass.ordinary_path(blocks)
-    assert sum(b.rare for b in blocks) >= 3  # the two loads' fallbacks and the huge-row branch
-    every_load = sum(i.base == "LDG" for b in blocks for i in b)
-    assert sum(i.base == "LDG" for b in ordinary for i in b) < every_load
+    # The huge-row branch and the misaligned fallbacks are in the code that launches, marked in
+    # the source; the walk leaves them out, the launch-wide counts keep them: their reloads of
+    # the row show there only.
+    row = report.static_row(kernel_classes()[name].for_n_dim(768), 65536, 768)
+    facts = row["sass"]
+    assert facts["all_instructions"] > facts["instructions"]
+    assert sum(facts["all_loads"].values()) > sum(facts["loads"].values())
+    assert facts["all_loads"]["32"] > facts["loads"]["32"]  # element by element
+    assert report.table_rows([row])[0]["rare"] == facts["all_instructions"] - facts["instructions"]
+
+
+# The marks against the instruction CEK_RARE_PATH() was: compiled as a `pmevent` (a PMTRIG at the
+# head of each rare branch, which ptxas neither moves nor merges with other code), the kernels'
+# line marks leave out exactly the blocks behind the PMTRIGs. And the build without it has, on
+# its ordinary path, the loads, stores, shuffles, barriers and load rounds of that build: the
+# marks find the same path through code the compiler shaped freely.
+MARKER_CASES = [("fused", "f32", 128), ("fused", "f32", 768), ("fused", "f32", 8192),
+                ("fused", "bf16", 256), ("fused", "f64", 768), ("backward-keep", "f32", 128),
+                ("backward-keep", "bf16", 768), ("backward", "bf16", 8192),
+                ("forward", "f32", 1 << 20), ("forward-rows", "bf16", 128),
+                ("backward-rows", "f64", 128)]
+PMEVENT = 'asm volatile("pmevent 0;")'
+
+
+def _define_marker(source: str, body: str) -> str:
+    out, n = re.subn(r"^(\s*#\s*define\s+CEK_RARE_PATH\(\)).*$", rf"\1 {body}", source,
+                     flags=re.M)
+    assert n >= 1
+    return out
+
+
+def _pmtrig_path(blocks: list[sass.Block]) -> list[sass.Block]:
+    """The blocks the entry reaches without entering one that runs a PMTRIG unpredicated."""
+    by_label = {label: n for n, b in enumerate(blocks) for label in b.labels}
+    seen, todo = set(), [0]
+    while todo:
+        n = todo.pop()
+        if n in seen or any(i.base == "PMTRIG" and not i.conditional for i in blocks[n]):
+            continue
+        seen.add(n)
+        if not blocks[n].instructions[-1].ends_flow and n + 1 < len(blocks):
+            todo.append(n + 1)
+        todo += [by_label[i.target] for i in blocks[n] if i.target in by_label]
+    return [b for n, b in enumerate(blocks) if n in seen]
+
+
+@needs_nvdisasm
+@pytest.mark.parametrize("name, dtype, n_dim", MARKER_CASES)
+def test_line_marks_leave_out_what_an_instruction_marker_does(name, dtype, n_dim):
+    kernel = kernel_classes()[name].for_n_dim(n_dim, dtype)
+    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu")
+    listings = {}
+    for body in (PMEVENT, ""):
+        source = _define_marker(kernel.source, body)
+        compiled = compile_kernel(SimpleNamespace(id=kernel.id, source=source), "sm_90")
+        listings[body] = sass.disassemble(compiled.cubin)
+    blocks = sass.parse(listings[PMEVENT])
+    assert sum(i.base == "PMTRIG" for b in blocks for i in b) >= 3
+    assert sass.ordinary_path(blocks, marks) == _pmtrig_path(blocks)
+    assert not any(i.base == "PMTRIG" for b in sass.parse(listings[""]) for i in b)
+    keys = ("loads", "stores", "shuffles", "barriers", "load_rounds", "first_round_bytes")
+    instructed, free = (sass.facts(listings[b], marks).as_dict() for b in (PMEVENT, ""))
+    assert {k: free[k] for k in keys} == {k: instructed[k] for k in keys}
+
+
+# The reduction of a mean or sum (cosine_embedding_loss_reduce, one block of 1024 threads) for
+# n_rows per-row losses, on sm_90 / H200: its main loop has eight 16-byte chunks a thread in
+# flight a trip (the 8x128), one round each trip; the 32x32 are the loop that reads a misaligned
+# loss element by element (no CEK_RARE_PATH() in this kernel: on its ordinary path), the last
+# 3x32 the n_rows % 4 remainder after the loop. tail = ceil(4 n_rows / (1024 x 128)) trips + the
+# remainder's round; 8 bytes a double loss.
+REDUCE_COLUMNS = ("regs", "grid", "block", "ldg", "rounds", "instr", "pub/row", "tail")
+REDUCE_FACTS = {
+    ("f32", 65536): (40, 1, 1024, "8x128 35x32", 3, 320, "0", 3),
+    ("f32", 1 << 20): (40, 1, 1024, "8x128 35x32", 3, 320, "0", 33),
+    ("bf16", 65536): (40, 1, 1024, "8x128 35x32", 3, 327, "0", 3),
+    ("f64", 65536): (42, 1, 1024, "8x128 17x64", 3, 272, "0", 5),
+}
+
+
+@needs_nvdisasm
+@pytest.mark.exact_sass
+@pytest.mark.parametrize("key", list(REDUCE_FACTS), ids=lambda k: "-".join(map(str, k)))
+def test_reduction_facts_pinned(key):
+    dtype, n_rows = key
+    row = report.static_row(CosineEmbeddingLossReduce.for_dtype(dtype), n_rows, 768)
+    shown = report.table_rows([row])[0]
+    got = tuple(shown[column] for column in REDUCE_COLUMNS)
+    assert got == REDUCE_FACTS[key], f"{key}: now {got}; update REDUCE_FACTS if this is intended"
+    assert row["reduction"]["blocks"] == 1 and row["reduction"]["rows_per_block"] == n_rows
+    assert row["reduction"]["tail_bytes_in_flight_per_thread"] == 128
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "report.md"
