@@ -264,11 +264,17 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
                                                  "scale": 1.0 / n}, margin, xp=cp)
     launches = [_checked_launch(cp, kernel, kernel.launch_config(n, d), args)]
     reduced = None
-    if reduction != "none":
+    if reduction != "none":  # as cek.functional reduces: one launch, or two levels
         reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)
         reduced = dtypes.nan_filled((), kernel.dtype, cp)
-        launches.append(_checked_launch(cp, reduce, reduce.launch_config(n),
-                                        (device_out["loss"], reduced, n, 1.0 / n)))
+        rows, count, blocks = device_out["loss"], n, reduce.level_one_blocks(n)
+        if blocks:
+            partials = cp.empty(blocks, dtype=rows.dtype)
+            launches.append(_checked_launch(cp, reduce, reduce.launch_config(n, None, True),
+                                            (rows, reduced, n, 1.0 / n, partials)))
+            rows, count = partials, blocks
+        launches.append(_checked_launch(cp, reduce, reduce.launch_config(count),
+                                        (rows, reduced, count, 1.0 / n, None)))
 
     def outputs():
         got = {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()}

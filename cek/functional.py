@@ -11,7 +11,9 @@ float16 and float32 accumulate in float32, float64 in float64. The kernels take 
 2**20 elements (`Kernel.max_block_size`); longer rows are a ValueError on this path.
 mean and sum are cek's own: a second launch, of one block, adds the per-row losses the first one
 wrote in an order fixed by the code (cosine_embedding_loss_reduce) and writes the result in the
-inputs' dtype, so the result is the same bits on every run and every GPU.
+inputs' dtype, so the result is the same bits on every run and every GPU. Above 65536 losses
+(32768 in float64) a block per slice of them writes its sum first, and one block adds those:
+an order fixed by the code and N alone, too.
 
 NumPy arrays run cek.cpu: float16 and float32 accumulate in float32, float64 in float64, and
 results come back in the input dtype.
@@ -335,11 +337,19 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
 
 def _reduced(cupy, rows, array_dtype, dtype, reduction):
     """The per-row losses `rows` for "none"; for "mean" and "sum" the 0-d array of x1's dtype
-    (`array_dtype`) that cosine_embedding_loss_reduce writes from them, in a fixed order."""
+    (`array_dtype`) that cosine_embedding_loss_reduce writes from them, in a fixed order: one
+    launch, or above two trips of one block a first launch of a block per slice into partials
+    (CuPy's allocator, on its current stream) and the second over those."""
     if reduction not in ("mean", "sum"):
         return rows
     n = rows.shape[0]
+    kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
+    scale = 1.0 / n if reduction == "mean" else 1.0
     reduced = cupy.empty((), dtype=array_dtype)
-    gpu.launch(CosineEmbeddingLossReduce.for_dtype(dtype), rows, reduced, n,
-               1.0 / n if reduction == "mean" else 1.0)
+    blocks = kernel.level_one_blocks(n)
+    if blocks:
+        partials = cupy.empty(blocks, dtype=rows.dtype)
+        gpu.launch(kernel, rows, reduced, n, scale, partials)
+        rows, n = partials, blocks
+    gpu.launch(kernel, rows, reduced, n, scale, None)
     return reduced

@@ -207,7 +207,8 @@ def launch(kernel: Kernel, *args, stream=None, checked: tuple | None = None) -> 
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_config(kernel: Kernel, n_rows: int, n_dim: int) -> tuple:
-    """kernel.launch_config, memoized per problem: a training loop launches the same few
+def _launch_config(kernel: Kernel, *problem) -> tuple:
+    """kernel.launch_config, memoized per problem (kernel.problem_size: n_rows and n_dim; for
+    the reduction, whether partials are given too): a training loop launches the same few
     problems step after step, and a launch's host time counts on small batches."""
-    return kernel.launch_config(n_rows, n_dim)
+    return kernel.launch_config(*problem)

@@ -11,15 +11,32 @@
 // then a fixed butterfly adds the 32 sums of each warp, and another the 32 warp sums in warp 0.
 // An aligned loss is read 128 bits at a time, any other element by element, in the same order.
 //
-// Launch contract: grid [1, 1, 1], block [BLOCK_SIZE, 1, 1], BLOCK_SIZE = 1024; n_rows >= 0
-// (no rows: scale * 0). Each thread has CEK_REDUCE_CHUNKS chunks in flight a trip (128 bytes,
-// 128 KB a block: 32768 floats), so a mean over 65536 float losses is two trips of loads.
+// Two levels, for many rows: with `partials` given, block b adds the slice
+// [b*SLICE, min(n_rows, (b+1)*SLICE)) in that same order, as if it were the whole loss, and
+// writes the unscaled Acc sum to partials[b] (SLICE = CEK_REDUCE_CHUNKS * 1024 * VEC losses:
+// one trip a thread, 32768 floats, 16384 doubles); a second launch without partials then
+// reduces partials [blocks] with the scale. Each slice and each sum is fixed by n_rows alone,
+// so the bits still are; no block waits on another (no fence, no atomic, no counter).
 //
-// Bytes moved (S = sizeof(T), A = sizeof(Acc)): read loss once, write reduced: A*N + S.
+// Launch contract: block [BLOCK_SIZE, 1, 1], BLOCK_SIZE = 1024; grid [1, 1, 1] without
+// partials (n_rows >= 0; no rows: scale * 0), grid [ceil(n_rows / SLICE), 1, 1] with them
+// (n_rows >= 1; `reduced` and `scale` unused). Each thread has CEK_REDUCE_CHUNKS chunks in
+// flight a trip (128 bytes, 128 KB a block: 32768 floats), so a mean over 65536 float losses
+// is two trips of loads in one block; above that the launchers run the two levels, one trip
+// a block and then one trip for the partials (to 2^30 rows).
+//
+// Bytes moved (S = sizeof(T), A = sizeof(Acc), G = blocks of the first level, 0 for one
+// launch): read loss once, write and read the partials once, write reduced: A*N + 2*A*G + S.
 #include "cek_types.cuh"
 
 constexpr int CEK_REDUCE_THREADS = 1024;
 constexpr int CEK_REDUCE_CHUNKS = 8;  // chunk loads a thread issues before it adds one
+
+// Losses a block of the first level adds: one trip of every thread.
+template <typename Acc>
+constexpr int cek_reduce_slice() {
+    return CEK_REDUCE_CHUNKS * CEK_REDUCE_THREADS * CekVec<Acc>::N;
+}
 
 template <typename Acc>
 struct alignas(16) CekLossChunk {
@@ -86,20 +103,32 @@ __device__ __forceinline__ Acc cek_block_total(Acc v) {
 template <int BLOCK_SIZE, typename T = float>
 __device__ void cosine_embedding_loss_reduce(const CekAcc<T>* __restrict__ loss,
                                              T* __restrict__ reduced, int n_rows,
-                                             CekAcc<T> scale) {
-    static_assert(BLOCK_SIZE == CEK_REDUCE_THREADS, "one block of 1024 threads");
+                                             CekAcc<T> scale, CekAcc<T>* __restrict__ partials) {
+    static_assert(BLOCK_SIZE == CEK_REDUCE_THREADS, "blocks of 1024 threads");
     using Acc = CekAcc<T>;
     constexpr int VEC = CekVec<Acc>::N;
-    const long long whole = n_rows / VEC;
+    constexpr int SLICE = cek_reduce_slice<Acc>();
+    static_assert(SLICE % VEC == 0, "a slice keeps a 16-byte aligned loss aligned");
+    int n = n_rows;
+    if (partials != nullptr) {  // this block's slice, as a loss array of its own
+        const long long first = static_cast<long long>(blockIdx.x) * SLICE;
+        loss += first;
+        n = n_rows - first < SLICE ? static_cast<int>(n_rows - first) : SLICE;
+    }
+    const long long whole = n / VEC;
     const bool vec = (reinterpret_cast<unsigned long long>(loss) & 15ull) == 0;
     Acc sum = vec ? cek_thread_losses<true>(loss, whole) : cek_thread_losses<false>(loss, whole);
-    // The chunk of the last n_rows % VEC losses comes last in its thread's order, as if whole.
-    if (threadIdx.x == whole % BLOCK_SIZE && n_rows % VEC != 0) {
+    // The chunk of the last n % VEC losses comes last in its thread's order, as if whole.
+    if (threadIdx.x == whole % BLOCK_SIZE && n % VEC != 0) {
         CekLossChunk<Acc> c = {};
-        for (int i = 0; i < n_rows % VEC; ++i) c.v[i] = loss[whole * VEC + i];
+        for (int i = 0; i < n % VEC; ++i) c.v[i] = loss[whole * VEC + i];
 #pragma unroll
         for (int i = 0; i < VEC; ++i) sum += c.v[i];
     }
     sum = cek_block_total(sum);
-    if (threadIdx.x == 0) *reduced = CekType<T>::from_acc(scale * sum);
+    if (threadIdx.x != 0) return;
+    if (partials != nullptr)
+        partials[blockIdx.x] = sum;  // unscaled: the second level scales the total once
+    else
+        *reduced = CekType<T>::from_acc(scale * sum);
 }

@@ -152,6 +152,44 @@ def test_cupy_mean_and_sum_are_the_kernels_own(standin, d, dtype, reduction):
             _close(results[2], dx2, dtype, "grad", m2)
 
 
+# Losses one launch of the reduction adds (two trips of one block); above, two launches.
+ONE_LAUNCH = {"f32": 65536, "f16": 65536, "bf16": 65536, "f64": 32768}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
+def test_cupy_mean_of_many_rows_is_two_reduction_launches(standin, dtype, reduction):
+    """Past ONE_LAUNCH rows, a block per slice of the per-row losses writes a partial sum into a
+    workspace from CuPy's allocator, then one block adds those with the scale: the bits of
+    that order (tests/test_cosine_embedding_loss_reduce.py's model), the reference's value."""
+    from test_cosine_embedding_loss_reduce import partials_model, two_level_model
+
+    n = ONE_LAUNCH[dtype] + 5  # three slices, the last of 5 losses
+    x1, x2, y = _inputs(n, 4, CUPY_DTYPES[dtype], seed=8)
+    (loss, _, _), _ = _expected(x1, x2, y, 0.25, reduction, 1.0)
+    got = F.cosine_embedding_loss(*(standin.array(a) for a in (x1, x2, y)), 0.25, reduction)
+    rows, first, second = standin.launches
+    reduce = f"cosine_embedding_loss_reduce__{dtype}__1024"
+    assert (rows.kernel_id, first.kernel_id, second.kernel_id) == (
+        f"cosine_embedding_loss_forward_rows__{dtype}__4", reduce, reduce)
+    partials = first.args["partials"]
+    assert partials.shape == (3,) and partials.dtype == dtypes.get(dtype).acc
+    assert first.args["loss"] is rows.args["out"] and first.args["n_rows"] == n
+    assert second.args["loss"] is partials and second.args["n_rows"] == 3
+    assert second.args["partials"] is None
+    assert np.shares_memory(got, second.args["reduced"])
+    scale = 1.0 / n if reduction == "mean" else 1.0
+    assert first.args["scale"] == second.args["scale"] == dtypes.get(dtype).acc.type(scale)
+    per_row = np.asarray(rows.args["out"])
+    assert np.asarray(partials).tobytes() == partials_model(per_row, dtype).tobytes()
+    assert np.asarray(got).tobytes() == two_level_model(per_row, scale, dtype).tobytes()
+    _close(got, loss, dtype, "loss", 1.0 if reduction == "mean" else n)
+    standin.launches.clear()
+    F.cosine_embedding_loss(*(standin.array(a) for a in (x1[:-5], x2[:-5], y[:-5])), 0.25,
+                            reduction)
+    assert standin.ids()[1:] == [reduce]  # ONE_LAUNCH rows: one launch
+
+
 @pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
 @pytest.mark.parametrize("d", list(WIDTHS))
 def test_cupy_row_widths(standin, d, dtype):

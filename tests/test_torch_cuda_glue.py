@@ -6,7 +6,8 @@ import contextlib
 
 import numpy as np
 import pytest
-from test_gpu_glue import N, REDUCTIONS, WIDTHS, _close, _expected, _inputs, standin  # noqa: F401
+from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _close, _expected,  # noqa: F401
+                           _inputs, standin)
 
 pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
@@ -51,9 +52,12 @@ def _bits(tensor):
     return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
 
 
-def _with_reduction(kernels, reduction):
-    """A step's kernels by name: for a mean or a sum, the reduction follows the forward's."""
-    return kernels if reduction == "none" else [kernels[0], REDUCE, *kernels[1:]]
+def _with_reduction(kernels, reduction, n=N, dtype="f32"):
+    """A step's kernels by name: for a mean or a sum, the reduction follows the forward's, in
+    one launch up to ONE_LAUNCH rows, in two (the partials, then their sum) above."""
+    if reduction == "none":
+        return kernels
+    return [kernels[0], *[REDUCE] * (1 if n <= ONE_LAUNCH[dtype] else 2), *kernels[1:]]
 
 
 def _address(array):
@@ -394,6 +398,46 @@ def test_mean_and_sum_are_the_kernels_own(cuda, monkeypatch, d, dtype, reduction
         assert reductions == []
         _assert_reduce(rows, reduce, loss, dtype, reduction, N)
         _close(loss.double(), want_loss, dtype, "loss")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_a_mean_of_many_rows_is_two_reduction_launches(cuda, dtype):
+    """Past ONE_LAUNCH rows the forward's per-row losses are reduced in two launches on torch's
+    stream: a block per slice writes partial sums into a workspace torch allocates (no CuPy
+    allocation, no host read or sync), then one block adds them with the scale into the loss.
+    The second step of the same shapes passes pointers, the grids the first one's checks set,
+    and gives the same bits: those of the two levels' order."""
+    from test_cosine_embedding_loss_reduce import partials_model, two_level_model
+
+    n = ONE_LAUNCH[dtype] + 5  # three slices, the last of 5 losses
+    x1, x2, y = _torch_inputs(n, 4, dtype, seed=14)
+    want = _expected(*(t.double().numpy() for t in (x1, x2, y)), 0.1, "mean", 1.0)[0][0]
+    bits = []
+    for exported in (True, False):
+        cuda.launches.clear()
+        cuda.dlpack_streams.clear()
+        with _device_only(cuda):
+            loss = _cuda.forward(x1, x2, y, 0.1, "mean")
+        assert bool(cuda.dlpack_streams) == exported
+        assert [i.split("__")[0] for i in cuda.ids()] == \
+            _with_reduction(STEP_KERNELS[:1], "mean", n, dtype)
+        rows, first, second = cuda.launches
+        written = _assert_rows(rows, n, dtype)
+        partials = first.args["partials"]
+        assert _address(first.args["loss"]) == _address(written) and first.args["n_rows"] == n
+        assert partials.shape == (3,) and partials.dtype == dtypes.get(dtype).acc
+        assert _address(second.args["loss"]) == _address(partials)
+        assert second.args["n_rows"] == 3 and second.args["partials"] is None
+        assert {first.stream, second.stream} == {STREAM}
+        acc = dtypes.get(dtype).acc.type
+        assert first.args["scale"] == second.args["scale"] == acc(1 / n)
+        assert np.shares_memory(second.args["reduced"], _bits(loss))
+        if exported:  # DLPack views keep the op's buffers; a pointer's memory is freed by now
+            assert np.asarray(partials).tobytes() == partials_model(written, dtype).tobytes()
+            assert _bits(loss).tobytes() == two_level_model(written, 1 / n, dtype).tobytes()
+        _close(loss.double(), want, dtype, "loss")
+        bits.append(_bits(loss).tobytes())
+    assert bits[0] == bits[1]
 
 
 def test_a_signature_is_checked_in_full_once(cuda):

@@ -100,7 +100,8 @@ def test_traffic_is_what_the_header_and_bytes_moved_say(cls, dtype, width, dy):
 def test_traffic_of_a_mean_is_the_fused_kernels_then_the_reductions(dtype, n_dim):
     """A mean (or sum) is the fused kernel, which writes each row's loss once, then the
     reduction, which reads each once and writes the result: the per-row losses cost A bytes a
-    row twice, beside the row kernel's bytes_moved, and nothing else does."""
+    row twice, beside the row kernel's bytes_moved, and nothing else does. (N_ROWS losses are
+    one launch; the two levels' traffic: tests/test_cosine_embedding_loss_reduce.py.)"""
     from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
     from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 
@@ -113,7 +114,7 @@ def test_traffic_of_a_mean_is_the_fused_kernels_then_the_reductions(dtype, n_dim
     loss = outputs["loss"]
     reduced = np.zeros((), reduction.arg_dtype(reduction.args[1]))
     second = emulate.traffic(reduction, *reduction.launch_config(N_ROWS)[:2],
-                             (loss, reduced, N_ROWS, 1 / N_ROWS))
+                             (loss, reduced, N_ROWS, 1 / N_ROWS, None))
     assert (counts["loss"].written, second["loss"].read, second["loss"].reads) == \
         (loss.nbytes, loss.nbytes, (1, 1))
     assert second["reduced"].written == reduced.nbytes

@@ -98,15 +98,17 @@ class _StreamHandle:
 class _Plan:
     """A launch of one signature that passed every check, as the arguments of the next ones:
     the ints and the launch configuration fixed, pointers and float scalars filled per call.
-    Pointers go as Python ints, which CuPy passes as 8 bytes (int64), 0 for an absent one."""
+    Pointers go as Python ints, which CuPy passes as 8 bytes (int64), 0 for an absent one.
+    The configuration is the one the checked arguments call for (the kernel's problem_size:
+    for the reduction, whether partials are given sets the grid)."""
 
     __slots__ = ("kernel", "config", "args", "pointers", "floats")
 
-    def __init__(self, kernel, n, d):
-        self.kernel, self.config = kernel, kernel.launch_config(n, d)
-        sizes = {"n_rows": n, "n_dim": d}
-        self.args = [kernel.arg_dtype(a).type(sizes[a.name]) if a.ctype == "int" else None
-                     for a in kernel.args]
+    def __init__(self, kernel, checked):
+        self.kernel = kernel
+        self.config = kernel.launch_config(*kernel.problem_size(checked))
+        self.args = [kernel.arg_dtype(a).type(value) if a.ctype == "int" else None
+                     for a, value in zip(kernel.args, checked)]
         self.pointers = tuple(i for i, a in enumerate(kernel.args) if a.is_pointer)
         self.floats = tuple((i, a.name, kernel.arg_dtype(a).type) for i, a in
                             enumerate(kernel.args) if not a.is_pointer and a.ctype != "int")
@@ -149,11 +151,11 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
         kernel, names = _kernel(kernel_class, d, x1.dtype)
         views = iter(_views(cupy, kernel, tensors))
         sizes = {"n_rows": n, "n_dim": d, **scalars}
-        gpu.launch(kernel, *[next(views) if name is None else sizes[name] for name in names],
-                   stream=stream)
+        args = [next(views) if name is None else sizes[name] for name in names]
+        gpu.launch(kernel, *args, stream=stream)
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    _plans[key] = _Plan(kernel, n, d)
+    _plans[key] = _Plan(kernel, args)
 
 
 def _views(cupy, kernel, tensors):
@@ -179,16 +181,24 @@ def _reduced(rows, x1, reduction):
     """The loss: the rows for "none"; else their mean or sum in x1's dtype, written by a second
     launch, of one block that adds the rows in a fixed order (kernels/
     cosine_embedding_loss_reduce.cu: the same bits run after run), into a 0-d tensor torch
-    allocates on its current stream; torch's for N = 0 (mean([]) is NaN)."""
+    allocates on its current stream; torch's for N = 0 (mean([]) is NaN). Above two trips of
+    one block, a first launch of a block per slice writes partials into a workspace torch
+    allocates on its current stream too, and the second reduces those."""
     if reduction == "none":
         return _to(rows if x1.dim() == 2 else rows.view(()), x1.dtype)
     n = rows.shape[0]
     if n == 0:
         return _to(rows.mean() if reduction == "mean" else rows.sum(), x1.dtype)
-    reduced = x1.new_empty(())
-    # One block of REDUCE_THREADS for rows of any width: its launch's "width" is that block.
-    _launch(CosineEmbeddingLossReduce, x1, (rows, reduced), n, REDUCE_THREADS,
-            scale=fused_scale(n, reduction))
+    reduced, scale = x1.new_empty(()), fused_scale(n, reduction)
+    # Blocks of REDUCE_THREADS for rows of any width: its launch's "width" is that block.
+    blocks = _kernel(CosineEmbeddingLossReduce, REDUCE_THREADS, x1.dtype)[0].level_one_blocks(n)
+    if blocks:
+        partials = rows.new_empty(blocks)
+        _launch(CosineEmbeddingLossReduce, x1, (rows, reduced, partials), n, REDUCE_THREADS,
+                scale=scale)
+        rows, n = partials, blocks
+    _launch(CosineEmbeddingLossReduce, x1, (rows, reduced, None), n, REDUCE_THREADS,
+            scale=scale)
     return reduced
 
 
