@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from cek import occupancy as occ
 from cek import sass
+from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel
 
 
@@ -95,14 +96,16 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
 
 
 def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
-               gpu: str = "h200") -> dict:
+               gpu: str = "h200", launch: tuple | None = None) -> dict:
     """The report's facts for `kernel` on an n_rows x n_dim problem, JSON-serialisable.
+    `launch` is (grid, block, dynamic shared bytes) where the launch is not the kernel's
+    launch_config(n_rows, n_dim) (a reduction's first level of two).
 
     The SASS facts are None, with `sass_missing` saying why, when nvdisasm is not installed."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a cek.Kernel, got {type(kernel).__name__}")
     spec = _gpu(gpu, arch)
-    grid, block, dynamic_shared = kernel.launch_config(n_rows, n_dim)
+    grid, block, dynamic_shared = launch or kernel.launch_config(n_rows, n_dim)
     summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())
     missing = None if facts is not None else sass.MISSING
     threads = block[0] * block[1] * block[2]
@@ -135,6 +138,21 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
             row["reduction"] = reduction_facts(facts, blocks, threads, row["rows_per_block"],
                                                read_bytes(kernel, n_rows, n_dim))
     return row
+
+
+def reduction_rows(dtype: str, n_rows: int, n_dim: int, *, arch: str = "sm_90",
+                   gpu: str = "h200") -> list[dict]:
+    """The static rows of the launches that add n_rows per-row losses into a mean or sum, as the
+    launchers run them: cosine_embedding_loss_reduce in one block, or, past what one block adds
+    in two trips (`level_one_blocks`), a block per slice writing partials, then one block over
+    those. The reduction's tail is the sum of their `tail_round_trips`."""
+    kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
+    first = kernel.level_one_blocks(n_rows)
+    rows = []
+    if first:
+        rows.append(static_row(kernel, n_rows, n_dim, arch=arch, gpu=gpu,
+                               launch=kernel.launch_config(n_rows, partials=True)))
+    return rows + [static_row(kernel, first or n_rows, n_dim, arch=arch, gpu=gpu)]
 
 
 def reduces(kernel: Kernel, facts: dict) -> bool:
