@@ -385,8 +385,8 @@ def ordinary_path(blocks: list[Block], marks: Marks | None = None) -> list[Block
         seen.add(n)
         rare_side = None
         last = blocks[n].instructions[-1]
-        decides = last.conditional and last.base in ("BRA", "EXIT", "RET") and last.where
-        mark = marks.decision(last.where[0]) if decides else None
+        branches = last.conditional and last.base in ("BRA", "EXIT", "RET") and last.where
+        mark = marks.decision(last.where[0]) if branches else None
         if mark is not None:
             share = {}
             for m, decides in succ[n]:
