@@ -5,6 +5,9 @@ command starts inside its own interrupt handling (cek.__main__.run), and `import
 of NumPy, CuPy, torch and the emulator's compiler checks until a name is used.
 """
 
+import sys as _sys
+import types as _types
+
 __version__ = "0.1.0"
 
 # Submodules imported on first use, so `import cek; cek.emulate.load(...)` works.
@@ -26,6 +29,19 @@ _NAMES = {
     "cosine_embedding_loss_backward": "functional",
     "cosine_embedding_loss_fused": "functional",
 }
+
+
+class _Package(_types.ModuleType):
+    """Importing cek.cosine_embedding_loss_fused (or _backward), a kernel module, sets the
+    package's attribute of that name to the module; the name stays cek.functional's function."""
+
+    def __setattr__(self, name, value):
+        if name in _NAMES and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str):

@@ -34,3 +34,13 @@ def test_a_missing_attribute_is_still_an_attribute_error():
     with pytest.raises(AttributeError, match="module 'cek' has no attribute 'emulator'"):
         cek.emulator  # noqa: B018
     assert not hasattr(cek, "nothing")
+
+
+def test_function_names_stay_functions_once_their_kernel_modules_are_imported():
+    # cek.cosine_embedding_loss_fused is a function of cek.functional and a kernel module's
+    # name: importing the module must not put the module in the function's place.
+    code = ("import cek, cek.cosine_embedding_loss_fused, cek.cosine_embedding_loss_backward; "
+            "print(cek.cosine_embedding_loss_fused.__module__, "
+            "cek.cosine_embedding_loss_backward.__module__, 'numpy' in __import__('sys').modules)")
+    assert run(code) == ["cek.functional", "cek.functional", "True"]
+    assert run("import sys, cek; print('numpy' in sys.modules)") == ["False"]
