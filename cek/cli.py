@@ -378,17 +378,25 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
                                  "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
 
 
+MEAN_KERNELS = ("fused", "forward-rows")  # the kernels whose losses a mean or sum reduces
+
+
 def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: str,
                   as_json: bool) -> None:
     """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON."""
     from cek import report
     from cek.compile import CompileError
 
-    rows = []
+    rows, reduced = [], set()
     for kernel, width in cases:
         click.echo(f"reporting {kernel.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
         try:
             rows.append(report.static_row(kernel, n_rows, width, arch=arch, gpu=gpu))
+            # A mean or sum of the per-row losses these kernels write is the reduction's
+            # launches, which cek's functions and cek.torch run after them: once a dtype.
+            if kernel.short_name in MEAN_KERNELS and kernel.dtype not in reduced:
+                reduced.add(kernel.dtype)
+                rows += report.reduction_rows(kernel.dtype, n_rows, width, arch=arch, gpu=gpu)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
         except CompileError as exc:

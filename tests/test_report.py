@@ -470,6 +470,22 @@ def test_cli_report_table_and_json():
     assert row["sass"]["load_rounds"] >= 1
 
 
+@needs_nvdisasm
+def test_cli_report_shows_the_launches_of_a_mean_after_the_kernels_whose_losses_it_adds():
+    args = ["compile", "--report", "--n-dim", "128", "--n-rows", str(1 << 20), "--json"]
+    out = CliRunner().invoke(main, [*args, "--kernel", "fused", "--kernel", "forward-rows"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    # The fused kernel, the two levels of a million losses' mean (once for f32), forward-rows.
+    assert [r["kernel"] for r in rows] == [
+        "cosine_embedding_loss_fused", "cosine_embedding_loss_reduce",
+        "cosine_embedding_loss_reduce", "cosine_embedding_loss_forward_rows"]
+    assert [r["grid"][0] for r in rows[1:3]] == [32, 1]
+    assert sum(r["reduction"]["tail_round_trips"] for r in rows[1:3]) <= 4
+    out = CliRunner().invoke(main, [*args, "--kernel", "backward"])
+    assert [r["kernel"] for r in json.loads(out.stdout)] == ["cosine_embedding_loss_backward"]
+
+
 def test_cli_report_says_when_nvdisasm_is_missing(monkeypatch):
     monkeypatch.setattr(sass, "find_nvdisasm", lambda: None)
     out = CliRunner().invoke(main, ["compile", "--report", "--kernel", "forward", "--json"])
