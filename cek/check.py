@@ -40,10 +40,16 @@ TOLERANCES = {
     ("f64", "reduced"): (1e-10, 1e-12),
     ("f16", "reduced"): (1e-3, 1e-5),
     ("bf16", "reduced"): (8e-3, 1e-5),
+    ("f32", "sums"): (1e-4, 1e-5),
+    ("f64", "sums"): (1e-10, 1e-12),
+    ("f16", "sums"): (1e-4, 1e-5),
+    ("bf16", "sums"): (1e-4, 1e-5),
 }
 # "reduced": the mean or sum of the row losses (cosine_embedding_loss_reduce), added in Acc and
 # stored in T (rounded once): the loss's tolerances, and for f16 and bf16 half an ulp of T in
 # rtol, as for a gradient. Its size is 1 for a mean and N for a sum (each row's error adds up).
+# "sums": a slice's partial sums (cosine_embedding_loss_split_sums), in Acc like the loss's sums:
+# the loss's tolerances, each judged by the sum of |terms| it adds (for sq1, sq2 the sum itself).
 
 LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2 are not +-1: loss and gradient 0, as in PyTorch
 
@@ -72,6 +78,8 @@ def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
     dtype = inputs.get("dtype", "f32")
     x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
     y, dy, scale = inputs["y"], inputs.get("dy"), inputs.get("scale", 1.0)
+    if kernel.kind == "sums":
+        return expected_sums(kernel, inputs)
     loss = reference.forward(x1, x2, y, margin)
     if kernel.kind == "forward":
         return {"out": loss}, {"out": np.ones_like(loss)}
@@ -83,6 +91,23 @@ def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
     if kernel.kind == "fused":
         want["loss"], size["loss"] = loss, np.ones_like(loss)
     return want, size
+
+
+def expected_sums(kernel: Kernel, inputs: dict) -> tuple[dict, dict]:
+    """The float64 partial sums of the split's slices, [N * S, 4] as the sums kernel writes them
+    (sq1, sq2, dot, far = 0), and the size each is judged by (sum |terms|; 1 for far)."""
+    dtype = inputs.get("dtype", "f32")
+    x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
+    n_rows, n_dim = x1.shape
+    width, count = kernel.slice_width, kernel.slices(n_dim)
+    want = np.zeros((n_rows, count, 4))
+    size = np.ones((n_rows, count, 4))
+    for s in range(count):
+        a, b = x1[:, s * width:(s + 1) * width], x2[:, s * width:(s + 1) * width]
+        want[:, s, :3] = np.stack([(a * a).sum(1), (b * b).sum(1), (a * b).sum(1)], axis=1)
+        size[:, s, :3] = np.stack([(a * a).sum(1), (b * b).sum(1), np.abs(a * b).sum(1)],
+                                  axis=1)
+    return {"sums": want.reshape(-1, 4)}, {"sums": size.reshape(-1, 4)}
 
 
 def expected_reduced(inputs: dict, margin: float) -> float:
@@ -102,7 +127,7 @@ def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tupl
     outputs, args = {}, []
     for spec in kernel.args:
         if spec.output:
-            shape = [sizes[s] for s in spec.shape]
+            shape = kernel.arg_shape(spec, n_rows, n_dim)
             if spec.ctype == "T*":
                 outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype, xp)
             else:
@@ -133,8 +158,8 @@ class CaseResult:
 
 
 def output_kind(name: str) -> str:
-    if name == "reduced":
-        return "reduced"
+    if name in ("reduced", "sums"):
+        return name
     return "grad" if name.startswith("dx") else "loss"
 
 
@@ -145,8 +170,8 @@ def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
     max_abs = max_rel = 0.0
     failures = []
     for name, ref in want.items():
-        out = dtypes.to_float64(got[name], dtype) if output_kind(name) != "loss" else \
-            np.asarray(got[name], np.float64)
+        in_acc = output_kind(name) in ("loss", "sums")  # the accumulation type, not T
+        out = np.asarray(got[name], np.float64) if in_acc else dtypes.to_float64(got[name], dtype)
         rtol, atol = tolerances[dtype, output_kind(name)]
         err = np.abs(out - ref)
         floor = dtypes.smallest_step(dtype) if output_kind(name) == "grad" else 0.0
@@ -175,10 +200,24 @@ def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
     return max_abs, max_rel, failures
 
 
+def with_first(kernel: Kernel, launch: Callable, inputs: dict, margin: float,
+               xp=np) -> dict:
+    """`inputs`, and for the second kernel of a pair (kernel.first) the outputs of the first,
+    launched through `launch(first, args)` on them: what the second one reads (the split's
+    partial sums)."""
+    if kernel.first is None:
+        return inputs
+    first = kernel.first.for_n_dim(inputs["x1"].shape[1], kernel.dtype)
+    args, outputs = build_args(first, inputs, margin, xp)
+    launch(first, args)
+    return {**inputs, **outputs}
+
+
 def run_case(kernel: Kernel, launch: Callable, device: str, inputs: dict, margin: float) -> CaseResult:
-    """Launch through `launch(kernel, args)` (which writes the outputs) and compare."""
+    """Launch through `launch(kernel, args)` (which writes the outputs), after the first kernel
+    of its pair if it has one, and compare."""
     n_rows, n_dim = inputs["x1"].shape
-    args, outputs = build_args(kernel, inputs, margin)
+    args, outputs = build_args(kernel, with_first(kernel, launch, inputs, margin), margin)
     launch(kernel, args)
     want, size = expected(kernel, inputs, margin)
     max_abs, max_rel, failures = compare(outputs, want, size, kernel.dtype)

@@ -167,11 +167,14 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 
 def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: str = "f32") -> Kernel:
+    """The kernel `name` for --n-dim or --block-size. A kernel of one instance a dtype (the
+    split's: its code is the same for every width) is that instance for any --block-size."""
     if n_dim is not None and block_size is not None:
         raise click.UsageError("give --n-dim or --block-size, not both")
     cls = kernel_classes()[name]
     if block_size is not None:
-        return cls(block_size, dtype)
+        sizes = cls.block_sizes()
+        return cls(sizes[0] if len(sizes) == 1 else block_size, dtype)
     return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
 
 
@@ -224,11 +227,14 @@ def list_kernels(as_json: bool) -> None:
     """
     rows = []
     for short, cls in kernel_classes().items():
+        sizes = cls.block_sizes()
+        one = len(sizes) == 1  # the split's: one instance a dtype, for rows of any width
         rows.append({
             "kernel": short,
             "name": cls.name,
-            "id": f"{cls.name}__<{'|'.join(DTYPE_NAMES)}>__<BLOCK_SIZE>",
-            "block_sizes": f"1..{cls.max_block_size} (powers of two)",
+            "id": f"{cls.name}__<{'|'.join(DTYPE_NAMES)}>__{sizes[0] if one else '<BLOCK_SIZE>'}",
+            "block_sizes": f"{sizes[0]} (its threads; one for every width)" if one
+            else f"1..{cls.max_block_size} (powers of two)",
             "args": ", ".join(f"{a.ctype} {a.name}" for a in cls.args),
             "types": "T, A = float, float (f32); double, double (f64); cek_f16, float (f16); "
                      "cek_bf16, float (bf16)",
@@ -350,8 +356,9 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
     _require_nvrtc()
     if report:
-        # the row width: --n-dim, else the BLOCK_SIZE itself (--block-size, --all-sizes), else 768
-        fixed = n_dim if n_dim is not None else None if block_size or all_sizes else 768
+        # the row width: --n-dim, else --block-size, else each kernel's BLOCK_SIZE
+        # (--all-sizes), else 768
+        fixed = n_dim if n_dim is not None else block_size or (None if all_sizes else 768)
         _print_report([(k, fixed or k.block_size) for k in kernels], n_rows, arch, gpu, as_json)
         return
     if out_dir is not None:  # an unwritable --out fails now, not after the compiles
@@ -378,20 +385,35 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
                                  "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
 
 
-MEAN_KERNELS = ("fused", "forward-rows")  # the kernels whose losses a mean or sum reduces
+# the kernels whose losses a mean or sum reduces
+MEAN_KERNELS = ("fused", "forward-rows", "fused-split", "forward-split")
 
 
 def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: str,
                   as_json: bool) -> None:
-    """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON."""
+    """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON; the
+    second kernel of a pair after the first (once), a mean's kernels after the reduction's."""
     from cek import report
     from cek.compile import CompileError
 
-    rows, reduced = [], set()
+    rows, reduced, shown = [], set(), set()
     for kernel, width in cases:
-        click.echo(f"reporting {kernel.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
         try:
-            rows.append(report.static_row(kernel, n_rows, width, arch=arch, gpu=gpu))
+            kernel.launch_config(n_rows, width)  # a width the kernel does not take: exit 2
+            first = kernel.first.for_n_dim(width, kernel.dtype) if kernel.first else None
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
+        for k in ([first] if first is not None and (first, width) not in shown else []) + \
+                [kernel]:
+            shown.add((k, width))
+            click.echo(f"reporting {k.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
+            try:
+                rows.append(report.static_row(k, n_rows, width, arch=arch, gpu=gpu))
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from exc
+            except CompileError as exc:
+                raise click.ClickException(str(exc)) from exc
+        try:
             # A mean or sum of the per-row losses these kernels write is the reduction's
             # launches, which cek's functions and cek.torch run after them: once a dtype.
             if kernel.short_name in MEAN_KERNELS and kernel.dtype not in reduced:

@@ -7,8 +7,10 @@ their row; N = 0 launches nothing, and the mean of no rows is NaN.
 
 CuPy arrays run the GPU kernels of their own dtype (float16, float32 or float64: a float16 kernel
 reads half the bytes of a float32 one) on the inputs' device and CuPy's current stream there.
-float16 and float32 accumulate in float32, float64 in float64. The kernels take rows of up to
-2**20 elements (`Kernel.max_block_size`); longer rows are a ValueError on this path.
+float16 and float32 accumulate in float32, float64 in float64. A few wide rows (fewer than 512
+of more than 16384 elements, 8192 in float64) and rows wider than 2**20 run split across blocks,
+two launches (cek.cosine_embedding_loss_split): rows of up to 2**22 elements (2**23 in float16,
+2**21 in float64); longer rows are a ValueError on this path.
 mean and sum are cek's own: a second launch, of one block, adds the per-row losses the first one
 wrote in an order fixed by the code (cosine_embedding_loss_reduce) and writes the result in the
 inputs' dtype, so the result is the same bits on every run and every GPU. Above 65536 losses
@@ -38,6 +40,7 @@ import numbers
 
 import numpy as np
 
+from cek import cosine_embedding_loss_split as split
 from cek import cpu, dtypes, gpu, validate
 from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackwardRows
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
@@ -122,8 +125,9 @@ def _check(x1, x2, target, margin, reduction, dtype) -> validate.Problem:
         problem = dataclasses.replace(problem, dtype=np.dtype(np.uint16))
     if problem.kind == "cupy":
         gpu.require_cupy()
-        validate.check_gpu_problem(problem.n_rows, problem.n_dim,
-                                   CosineEmbeddingLossFused.max_block_size)
+        n, d, kernel_dtype = problem.n_rows, problem.n_dim, _kernel_dtype(problem)
+        validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
+                                   split.blocks_per_row(n, d, kernel_dtype))
     return problem
 
 
@@ -315,24 +319,51 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     if want_grads:
         dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1
         dx2 = cupy.empty((n, d), dtype=x1.dtype) if dx2 is None else dx2
+    # A few wide rows: the split's partial sums first, then its kernel of each result.
+    sums = _split_sums(cupy, x1, x2, dtype)
     # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
     if not want_grads:
-        kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
-        gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
+        if sums is None:
+            kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
+            gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
+        else:
+            kernel = split.CosineEmbeddingLossSplitForward.for_n_dim(d, dtype)
+            gpu.launch(kernel, y, sums, loss, n, d, margin)
         return _reduced(cupy, loss, x1.dtype, dtype, reduction), None, None
     if dy is not None:
         per_row = cupy.empty(n, dtype=acc)
         per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
         dy = per_row
     if want_loss:
-        kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-        gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
+        if sums is None:
+            kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
+            gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
+        else:
+            kernel = split.CosineEmbeddingLossSplitFused.for_n_dim(d, dtype)
+            gpu.launch(kernel, x1, x2, y, dy, float(scale), sums, loss, dx1, dx2, n, d, margin)
         return _reduced(cupy, loss, x1.dtype, dtype, reduction), dx1, dx2
     # The backward kernel has no scale argument: fold it into dy.
     dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
-    kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
-    gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
+    if sums is None:
+        kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
+        gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
+    else:
+        kernel = split.CosineEmbeddingLossSplitBackward.for_n_dim(d, dtype)
+        gpu.launch(kernel, dy, x1, x2, y, sums, dx1, dx2, n, d, margin)
     return None, dx1, dx2
+
+
+def _split_sums(cupy, x1, x2, dtype):
+    """The split's partial sums of x1 and x2 (CuPy's allocator, its current stream), written by
+    CosineEmbeddingLossSplitSums; None where the one-block-per-row kernels run instead
+    (cek.cosine_embedding_loss_split.splits)."""
+    n, d = x1.shape
+    if not split.splits(n, d, dtype):
+        return None
+    kernel = split.CosineEmbeddingLossSplitSums.for_n_dim(d, dtype)
+    sums = cupy.empty(kernel.derived_shape(None, n, d), dtype=dtypes.get(dtype).acc)
+    gpu.launch(kernel, x1, x2, sums, n, d)
+    return sums
 
 
 def _reduced(cupy, rows, array_dtype, dtype, reduction):

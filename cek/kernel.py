@@ -38,7 +38,9 @@ class Arg:
     `ctype` is "int", or written in the kernel's element type T and accumulation type A
     ("T*", "A*", "A"); `Kernel.c_type` and `Kernel.arg_dtype` resolve them for one dtype.
     `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
-    An `optional` pointer may be None, which the kernel sees as nullptr.
+    An `optional` pointer may be None, which the kernel sees as nullptr. A `derived` pointer's
+    shape is no product of int arguments (a workspace of the split kernels): the kernel class
+    gives it (`Kernel.derived_shape`), and `shape` only names what it depends on.
     """
 
     name: str
@@ -46,6 +48,7 @@ class Arg:
     shape: tuple[str, ...] = ()
     output: bool = False
     optional: bool = False
+    derived: bool = False
 
     @functools.cached_property  # asked several times per argument on every launch
     def is_pointer(self) -> bool:
@@ -76,9 +79,14 @@ class Kernel:
     by `kernel_classes()` (the CLI's name for it)."""
 
     name: ClassVar[str]
-    kind: ClassVar[str]  # the math it computes: "forward", "backward" or "fused"
+    # the math it computes: "forward", "backward" or "fused"; "reduce" and "sums" for the
+    # reduction and the split's partial sums
+    kind: ClassVar[str]
     source_file: ClassVar[str | None] = None  # default: f"{name}.cu"
     twin: ClassVar[type[Kernel] | None] = None  # the kernel a variant shares its math with
+    # The second kernel of a pair names the first, launched before it on the same problem,
+    # whose outputs it reads (the split kernels: cek/cosine_embedding_loss_split.py).
+    first: ClassVar[type[Kernel] | None] = None
     args: ClassVar[tuple[Arg, ...]]
     max_block_size: ClassVar[int] = 1 << 20
     short_name: ClassVar[str | None] = None
@@ -348,7 +356,7 @@ class Kernel:
             self.check_launch(grid, block, *self.problem_size(cast))
 
     def _has_launch_contract(self) -> bool:
-        return getattr(self, "kind", None) in ("forward", "backward", "fused", "reduce")
+        return getattr(self, "kind", None) in ("forward", "backward", "fused", "reduce", "sums")
 
     def check_args(self, args: Sequence[Any], array_types: tuple[type, ...]) -> tuple:
         """Check launch arguments against `args` and cast scalars to their C types.
@@ -383,10 +391,14 @@ class Kernel:
             if value.dtype != want:
                 bits = " (bfloat16 bits)" if self.dtype == "bf16" and spec.ctype == "T*" else ""
                 raise TypeError(f"{spec.name} must be {want}{bits}, got {value.dtype}")
-            shape = shapes[shape_at]
-            if tuple(value.shape) != shape:
+            if shape_at is None:  # derived: the class says
+                shape = self.derived_shape(spec, *self.problem_size(cast))
+                if tuple(value.shape) != shape:
+                    raise ValueError(f"{spec.name} must have shape {shape} for this problem "
+                                     f"({self.derived_rule(spec)}), got {value.shape}")
+            elif tuple(value.shape) != shapes[shape_at]:
                 raise ValueError(f"{spec.name} must have shape ({', '.join(spec.shape)}) = "
-                                 f"{shape}, got {value.shape}")
+                                 f"{shapes[shape_at]}, got {value.shape}")
             if not value.flags.c_contiguous:
                 raise ValueError(f"{spec.name} must be C-contiguous")
         return tuple(cast)
@@ -394,6 +406,21 @@ class Kernel:
     def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
         n_rows, n_dim = _size_positions(type(self))
         return int(cast_args[n_rows]), int(cast_args[n_dim])
+
+    def derived_shape(self, spec: Arg, n_rows: int, n_dim: int) -> tuple[int, ...]:
+        """The shape of a `derived` pointer argument for an n_rows x n_dim problem."""
+        raise NotImplementedError(f"{self.name} has no derived argument {spec.name}")
+
+    def derived_rule(self, spec: Arg) -> str:
+        """The rule of derived_shape, in words, for an error message."""
+        return ""
+
+    def arg_shape(self, spec: Arg, n_rows: int, n_dim: int) -> tuple[int, ...]:
+        """The shape of pointer argument `spec` for an n_rows x n_dim problem."""
+        if spec.derived:
+            return self.derived_shape(spec, n_rows, n_dim)
+        sizes = {"n_rows": n_rows, "n_dim": n_dim}
+        return tuple(sizes[s] for s in spec.shape)
 
 
 class RowGroups:
@@ -442,7 +469,7 @@ class RowGroups:
 
 # The modules whose classes set `short_name`, in the order kernel_classes lists them.
 KERNEL_MODULES = ("cek.cosine_embedding_loss_backward", "cek.cosine_embedding_loss_forward",
-                  "cek.cosine_embedding_loss_fused")
+                  "cek.cosine_embedding_loss_fused", "cek.cosine_embedding_loss_split")
 
 
 def kernel_classes() -> dict[str, type[Kernel]]:
@@ -481,8 +508,8 @@ def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
 
 # check_args runs on every launch: what it needs of a class's `args` (a ClassVar) for one dtype
 # is worked out once. Scalars: (position, name, is an int, C type); pointers: (position, Arg,
-# dtype, which of the shapes); shapes: the positions of the int arguments giving each distinct
-# shape (the kernels have two: [N, D] and [N]).
+# dtype, which of the shapes, None for a derived one); shapes: the positions of the int
+# arguments giving each distinct shape (the kernels have two: [N, D] and [N]).
 @functools.lru_cache(maxsize=None)
 def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tuple]:
     args = kernel_class.args
@@ -490,9 +517,9 @@ def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tup
     scalars = tuple((i, spec.name, spec.ctype == "int", _arg_dtype(dtype, spec).type)
                     for i, spec in enumerate(args) if not spec.is_pointer)
     shapes = tuple(dict.fromkeys(tuple(at[s] for s in spec.shape) for spec in args
-                                 if spec.is_pointer))
+                                 if spec.is_pointer and not spec.derived))
     pointers = tuple((i, spec, _arg_dtype(dtype, spec),
-                      shapes.index(tuple(at[s] for s in spec.shape)))
+                      None if spec.derived else shapes.index(tuple(at[s] for s in spec.shape)))
                      for i, spec in enumerate(args) if spec.is_pointer)
     return scalars, pointers, shapes
 

@@ -179,13 +179,17 @@ def check_inputs(x1, x2, target, margin, reduction) -> Problem:
     )
 
 
-def check_gpu_problem(n_rows: int, n_dim: int, max_n_dim: int) -> None:
-    """What the GPU kernels take: rows of at most max_n_dim elements (a row is held in
-    registers), and a row count that fits their `int n_rows` and the grid's x dimension."""
+def check_gpu_problem(n_rows: int, n_dim: int, max_n_dim: int, blocks_per_row: int = 1) -> None:
+    """What the GPU kernels take: rows of at most max_n_dim elements, a row count that fits their
+    `int n_rows`, and a grid of n_rows * blocks_per_row blocks in the grid's x dimension."""
     if n_dim > max_n_dim:
-        raise ValueError(f"the GPU kernels take D up to {max_n_dim}, got D = {n_dim}")
+        raise ValueError(f"the GPU kernels take D up to {max_n_dim} in this dtype, got D = {n_dim}")
     if n_rows >= 2**31:
         raise ValueError(f"the GPU kernels take fewer than 2**31 rows, got N = {n_rows}")
+    if n_rows * blocks_per_row >= 2**31:
+        raise ValueError(f"N = {n_rows} rows of D = {n_dim} take {blocks_per_row} blocks a row, "
+                         f"{n_rows * blocks_per_row} in all, more than a launch has (2**31 - 1): "
+                         f"pass fewer rows a call")
 
 
 def first_bad_label(target) -> tuple[int, float] | None:

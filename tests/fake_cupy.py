@@ -224,9 +224,14 @@ def _arrays_at_pointers(kernel, args) -> tuple:
             if value == 0:
                 value = None
             else:
-                # the reduction's partials: [ceil(n_rows / slice)], no int argument's size
-                shape = ((kernel.blocks(sizes["n_rows"]),) if spec.name == "partials"
-                         else tuple(sizes[name] for name in spec.shape))
+                # the reduction's partials: [ceil(n_rows / slice)], no int argument's size;
+                # the split's partial sums: a derived shape (Kernel.arg_shape)
+                if spec.name == "partials":
+                    shape = (kernel.blocks(sizes["n_rows"]),)
+                elif spec.derived:
+                    shape = kernel.arg_shape(spec, sizes["n_rows"], sizes["n_dim"])
+                else:
+                    shape = tuple(sizes[name] for name in spec.shape)
                 dtype = kernel.arg_dtype(spec)
                 count = math.prod(shape)
                 memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(value))

@@ -48,8 +48,13 @@ def test_list_names_every_kernel_with_args_and_contract(run):
         in result.output
     assert "T, A = float, float (f32)" in result.output
     rows = json.loads(run("list", "--json").output)
-    assert [r["kernel"] for r in rows] == ["backward", "forward", "fused", "backward-rows",
+    assert [r["kernel"] for r in rows] == ["backward", "forward", "fused", "split-sums",
+                                          "forward-split", "backward-split",
+                                          "backward-keep-split", "fused-split", "backward-rows",
                                           "backward-keep", "forward-rows"]
+    # the split's kernels: one instance a dtype, for rows of any width
+    assert "cosine_embedding_loss_split_fused__<f32|f64|f16|bf16>__1024" in result.output
+    assert "after split-sums, whose partials it reads" in result.output
 
 
 def test_dump_source_default_is_backward_768_with_entry_instantiating_1024(run):

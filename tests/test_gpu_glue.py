@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from fake_cupy import DeviceArray, install
 
+from cek import cosine_embedding_loss_split as split
 from cek import dtypes, gpu
 from cek import functional as F
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
@@ -190,16 +191,26 @@ def test_cupy_mean_of_many_rows_is_two_reduction_launches(standin, dtype, reduct
     assert standin.ids()[1:] == [reduce]  # ONE_LAUNCH rows: one launch
 
 
+@pytest.mark.parametrize("split_below", [None, 3])
 @pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
 @pytest.mark.parametrize("d", list(WIDTHS))
-def test_cupy_row_widths(standin, d, dtype):
-    """Every path of the fused kernel: row groups, registers, streamed rows."""
+def test_cupy_row_widths(standin, monkeypatch, d, dtype, split_below):
+    """Every path of the fused kernel: row groups, registers, streamed rows; and a few streamed
+    rows split across blocks, the split's pair then the reduction. With split_below = 3 the
+    3 streamed rows are as many as the launchers split below (SPLIT_BELOW_ROWS), and the
+    one-block-per-row kernel streams them."""
+    if split_below is not None:
+        monkeypatch.setattr(split, "SPLIT_BELOW_ROWS", split_below)
     n = 3 if d > 1000 else N
     x1, x2, y = _inputs(n, d, CUPY_DTYPES[dtype], seed=d)
     got = F.cosine_embedding_loss_fused(*(standin.array(a) for a in (x1, x2, y)), -0.25, "sum")
     kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-    assert standin.ids() == [f"cosine_embedding_loss_fused__{dtype}__{WIDTHS[d]}",
-                             f"cosine_embedding_loss_reduce__{dtype}__1024"]
+    reduce = f"cosine_embedding_loss_reduce__{dtype}__1024"
+    if kernel.streamed and split_below is None:
+        assert standin.ids() == [f"cosine_embedding_loss_split_sums__{dtype}__1024",
+                                 f"cosine_embedding_loss_split_fused__{dtype}__1024", reduce]
+    else:
+        assert standin.ids() == [f"cosine_embedding_loss_fused__{dtype}__{WIDTHS[d]}", reduce]
     if dtype == "f32":
         assert (kernel.grouped, kernel.streamed) == (d <= 256, d > 16384)
     want, size = _expected(x1, x2, y, -0.25, "sum", 1.0)

@@ -10,7 +10,11 @@ import pytest
 import cek
 from cek.kernel import RowGroups, kernel_classes, next_power_of_two
 
-ALL = list(kernel_classes().values())
+from cek.cosine_embedding_loss_split import SplitRows
+
+# The kernels with an instance per BLOCK_SIZE; the split's have one per dtype
+# (tests/test_cosine_embedding_loss_split.py).
+ALL = [cls for cls in kernel_classes().values() if not issubclass(cls, SplitRows)]
 ROW_GROUPS = [cls for cls in ALL if issubclass(cls, RowGroups)]
 
 
@@ -267,22 +271,28 @@ def test_only_optional_pointers_take_none():
 def test_no_kernel_takes_a_counter_and_only_the_reduction_a_workspace():
     """A mean or sum is a second launch over the per-row losses (CosineEmbeddingLossReduce):
     no kernel keeps state across blocks or launches, so none takes a counter to zero first.
-    The one workspace is the reduction's optional partials, for its first level: each block
-    writes its own entry and none reads another's (the next launch does), so no block waits on
-    another: its source has no fence and no atomic. Every other output is written by every
+    The workspaces are the reduction's optional partials, for its first level, and the split's
+    partial sums, written whole by its first launch and read by its second: each block writes
+    its own entry and none reads another's (the next launch does), so no block waits on
+    another: their sources have no fence and no atomic. Every other output is written by every
     launch."""
     import re
 
     from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+    from cek.cosine_embedding_loss_split import CosineEmbeddingLossSplitSums
 
-    optional_outputs = set()
+    optional_outputs, derived = set(), set()
     for cls in [*kernel_classes().values(), CosineEmbeddingLossReduce]:
         assert "counter" not in {a.name for a in cls.args}, cls.name
-        assert all(a.ctype in ("int", "T*", "A*", "A") for a in cls.args), cls.name
+        assert all(a.ctype in ("int", "T*", "A*", "A") or a.derived for a in cls.args), cls.name
         optional_outputs |= {(cls.name, a.name) for a in cls.args if a.output and a.optional}
+        derived |= {(cls.name, a.name, a.output) for a in cls.args if a.derived}
     assert optional_outputs == {("cosine_embedding_loss_reduce", "partials")}
-    source = CosineEmbeddingLossReduce.for_dtype("f32").kernel_source
-    assert not re.search(r"\batomic\w*\s*\(|__threadfence", source)
+    splits = [cls for cls in kernel_classes().values() if issubclass(cls, SplitRows)]
+    assert derived == {(cls.name, "sums", cls is CosineEmbeddingLossSplitSums) for cls in splits}
+    for kernel in (CosineEmbeddingLossReduce.for_dtype("f32"),
+                   CosineEmbeddingLossSplitSums.for_dtype("f32")):
+        assert not re.search(r"\batomic\w*\s*\(|__threadfence", kernel.kernel_source)
 
 
 def test_a_gpu_launch_without_a_device_is_one_clear_error(monkeypatch):
@@ -319,8 +329,10 @@ def test_launched_blocks_fit_the_entry_points_launch_bounds(cls, dtype):
 
 
 def test_registry_lists_every_kernel_once_without_importing_its_subclasses():
-    assert list(kernel_classes()) == ["backward", "forward", "fused", "backward-rows",
-                                      "backward-keep", "forward-rows"]
+    assert list(kernel_classes()) == ["backward", "forward", "fused", "split-sums",
+                                      "forward-split", "backward-split", "backward-keep-split",
+                                      "fused-split", "backward-rows", "backward-keep",
+                                      "forward-rows"]
     assert all(cls.short_name == short for short, cls in kernel_classes().items())
     source = inspect.getsource(cek.kernel)
     assert "import cek.cosine" not in source and "from cek.cosine" not in source

@@ -15,6 +15,7 @@ import cek.torch as ct  # noqa: E402
 # The gpu tier's row kernels of a step, one list for both tiers: a change fails here, without a
 # GPU. A mean or a sum adds the reduction of the per-row losses after the forward's kernel.
 from test_torch import EAGER_STEP_KERNELS, STEP_KERNELS  # noqa: E402
+from cek import cosine_embedding_loss_split as split  # noqa: E402
 from cek import dtypes  # noqa: E402
 from cek.torch import _cuda  # noqa: E402
 
@@ -50,6 +51,10 @@ def _torch_inputs(n, d, dtype, seed):
 def _bits(tensor):
     """The memory of a CPU tensor as NumPy (bfloat16 as its int16 bits)."""
     return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+
+SPLIT_SUMS, SPLIT_FORWARD, SPLIT_BACKWARD = (f"cosine_embedding_loss_split_{k}"
+                                             for k in ("sums", "forward", "backward"))
 
 
 def _with_reduction(kernels, reduction, n=N, dtype="f32"):
@@ -173,8 +178,15 @@ def test_row_widths(cuda, d, dtype):
     loss = _cuda.forward(x1, x2, y, -0.25, "mean")
     dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
     width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
-    forward, reduce, backward = cuda.launches
-    assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS, "mean")
+    if d == 20000:  # three streamed rows: the split's pairs, the partial sums first
+        sums, forward, reduce, sums_again, backward = cuda.launches
+        assert [i.split("__")[0] for i in cuda.ids()] == [SPLIT_SUMS, SPLIT_FORWARD, REDUCE,
+                                                          SPLIT_SUMS, SPLIT_BACKWARD]
+        assert sums.args["sums"].shape == (3 * split.slices(d, dtype), 4)
+        assert np.shares_memory(sums.args["sums"], forward.args["sums"])
+    else:
+        forward, reduce, backward = cuda.launches
+        assert [i.split("__")[0] for i in cuda.ids()] == _with_reduction(STEP_KERNELS, "mean")
     assert width is None or all(i.kernel_id.endswith(f"__{width}") for i in (forward, backward))
     _assert_reduce(forward, reduce, loss, dtype, "mean", 3)  # the same kernel for any width
     f1, f2 = x1.double().numpy(), x2.double().numpy()
@@ -311,7 +323,8 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
     x1, x2, y = _torch_inputs(N, 33, dtype, seed=11)
     with _device_only(cuda):
         loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
-    dx1, dx2, _ = fused
+    dx1, dx2, _, sums = fused
+    assert sums is None  # 33-wide rows: no split
     launch, *reduce = cuda.launches
     if reduction == "none":
         assert reduce == []
@@ -475,5 +488,5 @@ def test_a_signature_is_checked_in_full_once(cuda):
     dx = torch.full((N, 33), 7.0)
     with pytest.raises(ValueError, match=r"x1 must have shape \(n_rows, n_dim\) = \(7, 33\)"):
         _cuda.keep_backward(torch.ones(N), x1, 0.1, "none",
-                            (dx, dx.clone(), _cuda._rows(x1[:3], x2[:3], y[:3])))
+                            (dx, dx.clone(), _cuda._rows(x1[:3], x2[:3], y[:3]), None))
     assert cuda.launches == [] and (dx == 7.0).all()

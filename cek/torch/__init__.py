@@ -19,7 +19,10 @@ one as they are and recomputes the others from x1 and x2. Otherwise (no_grad, no
 requires grad) the forward runs the forward kernel alone; compiled code runs the ops, the
 forward kernel then the backward kernel (cek/torch/_ops.py). Every dtype has its own kernel:
 float16 and bfloat16 read half the bytes of float32, and all but float64 accumulate in float32.
-Rows longer than 2**20 elements (`Kernel.max_block_size`) have no GPU kernel (ValueError).
+A few wide rows (fewer than 512 of more than 16384 elements, 8192 in float64) and rows wider
+than 2**20 run split across blocks, two launches a kernel (cek.cosine_embedding_loss_split), on
+a workspace from torch's caching allocator; rows wider than 2**22 elements (2**23 in float16
+and bfloat16, 2**21 in float64) have no GPU kernel (ValueError).
 Whether CuPy sees a GPU is asked when the ops run, not here: the code before them is what
 torch.compile traces, and CuPy's calls cannot be traced.
 
@@ -42,13 +45,14 @@ import torch
 from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
+from cek import cosine_embedding_loss_split as split
 from cek import validate
-from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.torch import _composite, _ops
 
 __all__ = ["CosineEmbeddingLoss", "ShapeError", "cosine_embedding_loss"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_KERNEL_DTYPES = dict(zip(_FLOATS, ("f16", "bf16", "f32", "f64")))
 _HALVES = (torch.float16, torch.bfloat16)
 
 
@@ -256,13 +260,14 @@ def _plan(input1, input2, target):
                          f"do not broadcast: each count must match the size N of the others "
                          f"or be 1")
     rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
-    if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
-        validate.check_gpu_problem(rows[0] if rows else 1, shape1[-1],
-                                   CosineEmbeddingLossFused.max_block_size)
     # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype
     # (the default dtype for an integer or bool input), and the cosine promotes the two.
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
+    if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
+        n, d, kernel_dtype = rows[0] if rows else 1, shape1[-1], _KERNEL_DTYPES[dtype]
+        validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
+                                   split.blocks_per_row(n, d, kernel_dtype))
     shape = (*rows, shape1[-1])
     expand = shape1 != shape or shape2 != shape or shape_t != rows
     return dtype, shape, rows, expand

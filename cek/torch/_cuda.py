@@ -27,6 +27,7 @@ import functools
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from cek import cosine_embedding_loss_split as split
 from cek import gpu
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
@@ -34,7 +35,6 @@ from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.cosine_embedding_loss_reduce import THREADS as REDUCE_THREADS
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
-from cek.kernel import next_power_of_two
 
 _KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
                   torch.float64: "f64"}
@@ -75,7 +75,8 @@ def _to(tensor, dtype):
 def _kernel(kernel_class, n_dim, dtype):
     """(kernel for rows of n_dim, its argument names with None for each pointer): one instance
     per class, block size and dtype, so its memoized source and checks are found, not built."""
-    kernel = _instance(kernel_class, next_power_of_two(n_dim), dtype)
+    block_size = kernel_class.for_n_dim(n_dim, _KERNEL_DTYPES[dtype]).block_size
+    kernel = _instance(kernel_class, block_size, dtype)
     return kernel, tuple(None if a.is_pointer else a.name for a in kernel.args)
 
 
@@ -167,12 +168,29 @@ def _views(cupy, kernel, tensors):
             for t in tensors]
 
 
+def _partials(x1, a1, a2):
+    """The split's partial sums of a1 and a2's slices, in a workspace torch allocates on its
+    current stream, written by CosineEmbeddingLossSplitSums; None where the one-block-per-row
+    kernels run instead (cek.cosine_embedding_loss_split.splits: a few wide rows split)."""
+    n, d = a1.shape
+    dtype = _KERNEL_DTYPES[x1.dtype]
+    if n == 0 or not split.splits(n, d, dtype):
+        return None
+    sums = a1.new_empty((n * split.slices(d, dtype), 4), dtype=_accumulation(x1.dtype))
+    _launch(split.CosineEmbeddingLossSplitSums, x1, (a1, a2, sums), n, d)
+    return sums
+
+
 def forward(x1, x2, target, margin, reduction):
-    """The loss (torch's shape for `reduction`, the inputs' dtype) from the forward kernel."""
+    """The loss (torch's shape for `reduction`, the inputs' dtype) from the forward kernel, or
+    the split's pair for a few wide rows."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     rows = _like(y)  # each row's loss, like the labels
-    if n > 0:
+    sums = _partials(x1, a1, a2)
+    if sums is not None:
+        _launch(split.CosineEmbeddingLossSplitForward, x1, (y, sums, rows), n, d, margin=margin)
+    elif n > 0:
         _launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows), n, d, margin=margin)
     return _reduced(rows, x1, reduction)
 
@@ -211,16 +229,23 @@ def fused_forward(x1, x2, target, margin, reduction):
     """(loss, kept) from the fused kernel, which reads x1 and x2 once: the loss, and the
     gradients for an upstream gradient of 1 (each row's: fused_scale), which keep_backward
     turns into the gradients for the upstream gradient the backward is given. `kept` is what
-    keep_backward needs: (dx1, dx2, the kernel's x1, x2 and labels, or None for N = 0), held
-    so that the backward reads the very tensors the forward did."""
+    keep_backward needs: (dx1, dx2, the kernel's x1, x2 and labels, or None for N = 0, and the
+    split's partial sums or None), held so that the backward reads the very tensors the
+    forward did."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
     if n == 0:
-        return _reduced(rows, x1, reduction), (dx1, dx2, None)
-    _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2), n, d,
-            margin=margin, scale=fused_scale(n, reduction))
-    return _reduced(rows, x1, reduction), (dx1, dx2, (a1, a2, y))
+        return _reduced(rows, x1, reduction), (dx1, dx2, None, None)
+    sums = _partials(x1, a1, a2)
+    scale = fused_scale(n, reduction)
+    if sums is not None:
+        _launch(split.CosineEmbeddingLossSplitFused, x1,
+                (a1, a2, y, None, sums, rows, dx1, dx2), n, d, margin=margin, scale=scale)
+    else:
+        _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2), n, d,
+                margin=margin, scale=scale)
+    return _reduced(rows, x1, reduction), (dx1, dx2, (a1, a2, y), sums)
 
 
 def _per_row(grad, n, dtype):
@@ -233,17 +258,23 @@ def _per_row(grad, n, dtype):
 def keep_backward(grad, x1, margin, reduction, kept):
     """fused_forward's dx1, dx2 (in `kept`) made the gradients for `grad`, in place, on the
     device: rows whose upstream gradient is the one the fused kernel used are kept as they are
-    (the kernel reads only their dy), the others are recomputed from x1 and x2. No value is
-    read back to the host."""
-    dx1, dx2, rows = kept
+    (the kernel reads only their dy), the others are recomputed from x1 and x2 (after the
+    split's fused forward, from the partial sums it left and each slice read again). No value
+    is read back to the host."""
+    dx1, dx2, rows, sums = kept
     if rows is not None:
         n, d = dx1.shape
         scale = fused_scale(n, reduction)
         # grad * scale in the accumulation dtype: exactly the fused kernel's scale where grad is
         # 1; the product of the expanded grad is a new contiguous [N] tensor, with no neg bit.
         dy = _per_row(grad, n, _accumulation(x1.dtype)) * scale
-        _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, *rows, dx1, dx2), n, d,
-                margin=margin, keep_dy=scale)
+        if sums is not None:
+            a1, a2, y = rows
+            _launch(split.CosineEmbeddingLossSplitBackwardKeep, x1,
+                    (dy, a1, a2, y, sums, dx1, dx2), n, d, margin=margin, keep_dy=scale)
+        else:
+            _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, *rows, dx1, dx2), n, d,
+                    margin=margin, keep_dy=scale)
     return _shaped(dx1, x1), _shaped(dx2, x1)
 
 
@@ -253,13 +284,18 @@ def _shaped(dx, x1):
 
 def backward(grad, x1, x2, target, margin, reduction):
     """(dx1, dx2) for the upstream gradient `grad` from the backward kernel, which reads x1 and
-    x2 once and writes dx1 and dx2 once; `grad` stays on the device."""
+    x2 once and writes dx1 and dx2 once (the split's pair for a few wide rows: twice); `grad`
+    stays on the device."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     dy = _per_row(_stored(grad), n, y.dtype)
     dy = (dy / n if reduction == "mean" else dy).contiguous()
     dx1, dx2 = _like(a1), _like(a1)
-    if n > 0:
+    sums = _partials(x1, a1, a2)
+    if sums is not None:
+        _launch(split.CosineEmbeddingLossSplitBackward, x1, (dy, a1, a2, y, sums, dx1, dx2),
+                n, d, margin=margin)
+    elif n > 0:
         _launch(CosineEmbeddingLossBackwardRows, x1, (dy, a1, a2, y, dx1, dx2), n, d,
                 margin=margin)
     return _shaped(dx1, x1), _shaped(dx2, x1)

@@ -1,0 +1,264 @@
+// cosine_embedding_loss_split: few wide rows over many blocks, in two launches.
+//
+// Math: the forward, backward and fused kernels' (their headers), per row r of x1, x2
+// [n_rows, n_dim] (T = float, double, cek_f16 or cek_bf16; Acc = double for double, float
+// otherwise). A row is cut into S = ceil(n_dim / SLICE) slices, slice s = elements
+// [s*SLICE, min(n_dim, (s+1)*SLICE)), SLICE = 1024 threads x one 16-byte chunk: 4096 floats,
+// 8192 16-bit values, 2048 doubles. S depends on n_dim alone, so the order of every addition,
+// and the bits, depend on n_dim and the inputs.
+//
+//   _sums (first launch): block b = r*S + s reads slice s of row r once, all its loads in
+//     flight together, and writes sums[b] = (sq1, sq2, dot, far) in Acc. far = 0, but for a
+//     slice whose sq1 or sq2 is not finite: that side is summed again scaled by
+//     CekLimits::FAR (far bit 0: x1, bit 1: x2), as one block rescales a huge row (cek_row.cuh,
+//     "Huge rows").
+//   the second launch, one per result: every block of row r adds the row's S partials in one
+//     fixed tree over its 1024 threads (thread t holds partial t), so each of them holds the
+//     same bits for c, r1 and r2. A row whose totals are not ordinary (a squared norm of 2^64
+//     or more in float, 2^512 in double; a far partial; a NaN) adds the partials again, each
+//     brought to the row's scales by a power of two (exact up to what flushes to zero), and
+//     reads no element again for it.
+//   _forward: block r writes out[r] (the forward kernel's loss).
+//   _backward, _fused, _backward_keep: block b reads its slice again, those loads issued with
+//     the partials' (one load round), and writes that slice of dx1 and dx2 (the backward,
+//     fused and backward-keep kernels' gradients; a rescaled row's slice is read a third
+//     time, element by element); the fused kernel's block of slice 0 writes loss[r]. Blocks
+//     take the slices in reverse, b = N*S - 1 - blockIdx.x: the first read again are those
+//     the sums read last, the ones most likely still in L2.
+//
+// Launch contract: block [1024, 1, 1] (BLOCK_SIZE = 1024); grid [N, 1, 1] for _forward,
+// [N*S, 1, 1] for the others, N*S < 2^31; S <= 1024 (n_dim <= 1024*SLICE: 2^22 floats). sums: [N*S]
+// CekSliceSums, written whole by _sums, read by the second launch.
+//
+// Bytes moved (S_T = sizeof(T), A = sizeof(Acc)): _sums reads x1 and x2 and writes 4 A a
+// slice: 2*S_T*N*D + 4*A*N*S. _forward reads the partials and y, writes out: 4*A*N*S + 2*A*N.
+// _backward and _fused read x1 and x2 again and write dx1 and dx2, read the partials, y, and dy
+// or write loss: 4*S_T*N*D + 4*A*N*S + 2*A*N (+ A*N for the fused kernel's dy). Each partial is
+// read by the S blocks of its row (4*A*S bytes a block, from L2 but the first time) and
+// counted once, as y[r] and dy[r] are. A pair moves the streamed kernels' 6*S_T*N*D
+// (forward: 2*S_T*N*D) and 8*A*N*S (4*A*N*S) more. These count ordinary rows: a far slice is
+// read once more by _sums, a rescaled row's slices once more by the gradient kernels.
+#include "cek_row.cuh"
+
+template <typename T>
+struct CekSplit {
+    static constexpr int THREADS = 1024;
+    // Chunk pairs a thread holds from the loads to the gradient store. One: the gradient kernels
+    // fit the 32 registers that two blocks of 1024 an SM allow (double: 40 to 48, one block),
+    // where two pairs took 40 to 48 unbounded and spilled at 32. 32 bytes of loads a thread
+    // in flight are 64 KB an SM, nine times what an H200's DRAM needs (cek.report).
+    static constexpr int CHUNKS = 1;
+    static constexpr int SLICE = THREADS * CHUNKS * CekVec<T>::N;
+};
+
+// A slice's partial sums; far says which sides were summed scaled by CekLimits::FAR.
+template <typename Acc>
+struct alignas(16) CekSliceSums {
+    Acc sq1, sq2, dot, far;
+};
+
+template <typename T>
+__device__ __forceinline__ int cek_slices(int n_dim) {
+    return (n_dim + CekSplit<T>::SLICE - 1) / CekSplit<T>::SLICE;  // n_dim <= 2^23
+}
+
+// Block b's row, slice, and where the slice starts and how long it is.
+template <typename T>
+struct CekSliceOf {
+    int row, slice, n;
+    long long first;  // offset of its first element in x1
+};
+
+template <typename T>
+__device__ __forceinline__ CekSliceOf<T> cek_slice_of(int block, int slices, int n_dim) {
+    CekSliceOf<T> s;
+    s.row = block / slices;
+    s.slice = block - s.row * slices;
+    const int start = s.slice * CekSplit<T>::SLICE;
+    s.n = n_dim - start < CekSplit<T>::SLICE ? n_dim - start : CekSplit<T>::SLICE;
+    s.first = static_cast<long long>(s.row) * n_dim + start;
+    return s;
+}
+
+template <typename Acc>
+__device__ __forceinline__ bool cek_sums_finite(const CekSums<Acc>& s) {
+    return s.sq1 <= CekLimits<Acc>::MAX && s.sq2 <= CekLimits<Acc>::MAX;
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_split_sums(const T* __restrict__ x1,
+                                                 const T* __restrict__ x2,
+                                                 CekSliceSums<CekAcc<T>>* __restrict__ sums,
+                                                 int n_rows, int n_dim) {
+    static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
+    using Acc = CekAcc<T>;
+    const int slices = cek_slices<T>(n_dim);
+    if (static_cast<int>(blockIdx.x) >= n_rows * slices) return;  // uniform; below 2^31
+    const CekSliceOf<T> at = cek_slice_of<T>(blockIdx.x, slices, n_dim);
+    const bool vec = cek_vectorizable<T>(n_dim, x1, x2, x1, x2);
+    CekRowPair<CekSplit<T>::CHUNKS, T> rp;
+    CekSums<Acc> s = cek_block_sum(cek_load_row_pair(rp, x1 + at.first, x2 + at.first, at.n,
+                                                     vec, threadIdx.x, blockDim.x));
+    Acc far = 0;
+    if (!cek_sums_finite(s)) {
+        CEK_RARE_PATH();  // a slice whose squares overflow (or hold a NaN or an inf)
+        const Acc s1 = s.sq1 <= CekLimits<Acc>::MAX ? Acc(1) : CekLimits<Acc>::FAR;
+        const Acc s2 = s.sq2 <= CekLimits<Acc>::MAX ? Acc(1) : CekLimits<Acc>::FAR;
+        far = Acc((s1 != Acc(1) ? 1 : 0) + (s2 != Acc(1) ? 2 : 0));
+        __syncthreads();  // every warp has read the first sums' partials
+        s = cek_block_sum(cek_element_sums(x1 + at.first, x2 + at.first, at.n, s1, s2));
+    }
+    if (threadIdx.x == 0) sums[blockIdx.x] = {s.sq1, s.sq2, s.dot, far};
+}
+
+// Thread t's partial of the row (t < slices), else zeros, which add nothing.
+template <typename Acc>
+__device__ __forceinline__ CekSliceSums<Acc> cek_load_partial(
+    const CekSliceSums<Acc>* __restrict__ row_sums, int slices) {
+    const CekSliceSums<Acc> zero = {0, 0, 0, 0};
+    return static_cast<int>(threadIdx.x) < slices ? row_sums[threadIdx.x] : zero;
+}
+
+// The row's cosine from its partials, p being this thread's (cek_load_partial), handed to
+// finish(k, CekFlag<HUGE>{}) and its result returned: the same bits in every block of the row.
+// A far side adds inf to the first totals, so that the row takes the rescaled branch with that
+// side's scale FAR, as an overflowing row does in one block; there each partial is read again
+// and brought to the row's scales (a far side is at FAR already) and the partials are added
+// again. finish is inlined twice, as in cek_block_row: the ordinary path keeps nothing live
+// for the huge one but the pointers it reads.
+template <typename Acc, typename Finish>
+__device__ __forceinline__ auto cek_split_row(CekSliceSums<Acc> p,
+                                              const CekSliceSums<Acc>* __restrict__ row_sums,
+                                              int slices, Finish finish) {
+    using L = CekLimits<Acc>;
+    const int far = static_cast<int>(p.far);
+    const Acc inf = L::MAX * Acc(2);
+    const CekSums<Acc> s = cek_block_sum(
+        CekSums<Acc>{far & 1 ? inf : p.sq1, far & 2 ? inf : p.sq2, p.dot});
+    if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});
+    CEK_RARE_PATH();  // a huge row, a far slice, or a NaN
+    const Acc s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
+    const CekSliceSums<Acc> q = cek_load_partial(row_sums, slices);
+    const int f = static_cast<int>(q.far);
+    // Left to right: q.sq1 * FAR * FAR keeps 2^-160, which FAR * FAR alone flushes to 0.
+    const Acc t1 = f & 1 ? Acc(1) : s1, t2 = f & 2 ? Acc(1) : s2;
+    __syncthreads();  // every warp has read the first sums' partials
+    const CekSums<Acc> scaled = cek_block_sum(
+        CekSums<Acc>{q.sq1 * t1 * t1, q.sq2 * t2 * t2, q.dot * t1 * t2});
+    return finish(cek_scaled_cosine(scaled, s1, s2), CekFlag<true>{});
+}
+
+// A chunk pair's gradients, dx1's chunk formed and stored before dx2's: a 16-bit chunk is 8
+// elements, and 32 floats live at once (cek_store_chunk_gradients forms both first) made the
+// fused kernel spill at the 32 registers two blocks of 1024 an SM allow.
+template <typename T>
+__device__ __forceinline__ void cek_split_store_gradients(T* __restrict__ dx1,
+                                                          T* __restrict__ dx2, int chunk,
+                                                          int n_dim, bool vec,
+                                                          const CekGradient<CekAcc<T>>& g,
+                                                          const CekChunk<T>& a,
+                                                          const CekChunk<T>& b) {
+    constexpr int VEC = CekVec<T>::N;
+    CekAcc<T> xs[VEC], zs[VEC], d[VEC];
+    cek_chunk_to_acc(a, xs);
+    cek_chunk_to_acc(b, zs);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) d[i] = g.p * zs[i] - g.q1 * xs[i];
+    cek_store_chunk(dx1, chunk, n_dim, vec, cek_chunk_from_acc<T>(d));
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) d[i] = g.p * xs[i] - g.q2 * zs[i];
+    cek_store_chunk(dx2, chunk, n_dim, vec, cek_chunk_from_acc<T>(d));
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_split_forward(const CekAcc<T>* __restrict__ y,
+                                                    const CekSliceSums<CekAcc<T>>* __restrict__ sums,
+                                                    CekAcc<T>* __restrict__ out, int n_rows,
+                                                    int n_dim, CekAcc<T> margin) {
+    static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
+    const int row = blockIdx.x;
+    if (row >= n_rows) return;  // uniform
+    const int slices = cek_slices<T>(n_dim);
+    const CekSliceSums<CekAcc<T>>* row_sums = sums + static_cast<long long>(row) * slices;
+    const CekAcc<T> label = y[row];  // in flight with the partials
+    const CekAcc<T> row_loss = cek_split_row(
+        cek_load_partial(row_sums, slices), row_sums, slices,
+        [&](const CekCosine<CekAcc<T>>& k, auto) { return cek_row_loss(k.c, label, margin); });
+    if (threadIdx.x == 0) out[row] = row_loss;
+}
+
+// The gradient launches. KEEP: a row whose dy equals keep_dy returns after reading its dy.
+// loss: the fused kernel's per-row loss, or nullptr (backward). Row r's upstream gradient is
+// scale * dy[r], or scale without dy.
+template <bool KEEP, typename T>
+__device__ __forceinline__ void cek_split_gradients(
+    const CekAcc<T>* __restrict__ dy, const T* __restrict__ x1, const T* __restrict__ x2,
+    const CekAcc<T>* __restrict__ y, const CekSliceSums<CekAcc<T>>* __restrict__ sums,
+    CekAcc<T> scale, CekAcc<T>* __restrict__ loss, T* __restrict__ dx1, T* __restrict__ dx2,
+    int n_rows, int n_dim, CekAcc<T> margin, CekAcc<T> keep_dy) {
+    using Acc = CekAcc<T>;
+    const int slices = cek_slices<T>(n_dim);
+    const int block = n_rows * slices - 1 - static_cast<int>(blockIdx.x);  // below 2^31
+    if (block < 0) return;  // uniform
+    const CekSliceOf<T> at = cek_slice_of<T>(block, slices, n_dim);
+    if constexpr (KEEP) {
+        if (dy[at.row] == keep_dy) return;  // a NaN keep_dy keeps no row
+    }
+    const bool vec = cek_vectorizable_flat<T>(n_dim, x1, x2, dx1, dx2);
+    const Acc label = y[at.row], g = dy == nullptr ? Acc(1) : dy[at.row];
+    const CekSliceSums<Acc>* row_sums = sums + static_cast<long long>(at.row) * slices;
+    // The slice's loads and the partials' in flight together: one load round.
+    CekRowPair<CekSplit<T>::CHUNKS, T> rp;
+    cek_load_pairs(rp.a, rp.b, x1 + at.first, x2 + at.first, threadIdx.x, blockDim.x, at.n,
+                   vec);
+    cek_split_row(
+        cek_load_partial(row_sums, slices), row_sums, slices,
+        [&](const CekCosine<Acc>& k, auto huge) {
+            if (loss != nullptr && at.slice == 0 && threadIdx.x == 0)
+                loss[at.row] = cek_row_loss(k.c, label, margin);
+            const CekGradient<Acc> grad =
+                cek_gradient(k, cek_row_coeff(k.c, label, margin, scale * g));
+            if constexpr (decltype(huge)::value) {  // the slice read again, rescaled
+                cek_element_gradients(x1 + at.first, x2 + at.first, dx1 + at.first,
+                                      dx2 + at.first, at.n, grad);
+            } else {
+#pragma unroll
+                for (int i = 0; i < CekSplit<T>::CHUNKS; ++i)
+                    cek_split_store_gradients(dx1 + at.first, dx2 + at.first,
+                                              threadIdx.x + i * blockDim.x, at.n, vec, grad,
+                                              rp.a[i], rp.b[i]);
+            }
+        });
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_split_backward(
+    const CekAcc<T>* __restrict__ dy, const T* __restrict__ x1, const T* __restrict__ x2,
+    const CekAcc<T>* __restrict__ y, const CekSliceSums<CekAcc<T>>* __restrict__ sums,
+    T* __restrict__ dx1, T* __restrict__ dx2, int n_rows, int n_dim, CekAcc<T> margin) {
+    static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
+    cek_split_gradients<false, T>(dy, x1, x2, y, sums, 1, nullptr, dx1, dx2, n_rows, n_dim,
+                                  margin, 0);
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_split_backward_keep(
+    const CekAcc<T>* __restrict__ dy, const T* __restrict__ x1, const T* __restrict__ x2,
+    const CekAcc<T>* __restrict__ y, const CekSliceSums<CekAcc<T>>* __restrict__ sums,
+    T* __restrict__ dx1, T* __restrict__ dx2, int n_rows, int n_dim, CekAcc<T> margin,
+    CekAcc<T> keep_dy) {
+    static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
+    cek_split_gradients<true, T>(dy, x1, x2, y, sums, 1, nullptr, dx1, dx2, n_rows, n_dim,
+                                 margin, keep_dy);
+}
+
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_split_fused(
+    const T* __restrict__ x1, const T* __restrict__ x2, const CekAcc<T>* __restrict__ y,
+    const CekAcc<T>* __restrict__ dy, CekAcc<T> scale,
+    const CekSliceSums<CekAcc<T>>* __restrict__ sums, CekAcc<T>* __restrict__ loss,
+    T* __restrict__ dx1, T* __restrict__ dx2, int n_rows, int n_dim, CekAcc<T> margin) {
+    static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
+    cek_split_gradients<false, T>(dy, x1, x2, y, sums, scale, loss, dx1, dx2, n_rows, n_dim,
+                                  margin, 0);
+}
