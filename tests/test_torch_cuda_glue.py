@@ -53,8 +53,8 @@ def _bits(tensor):
     return tensor.view(torch.int16).numpy() if tensor.dtype == torch.bfloat16 else tensor.numpy()
 
 
-SPLIT_SUMS, SPLIT_FORWARD, SPLIT_BACKWARD = (f"cosine_embedding_loss_split_{k}"
-                                             for k in ("sums", "forward", "backward"))
+SPLIT_SUMS, SPLIT_FORWARD, SPLIT_BACKWARD, SPLIT_FUSED = (
+    f"cosine_embedding_loss_split_{k}" for k in ("sums", "forward", "backward", "fused"))
 
 
 def _with_reduction(kernels, reduction, n=N, dtype="f32"):
@@ -361,6 +361,43 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
         for t, w, size in zip(got, want, sizes):
             assert (t[kept] == 7.0).all()
             _close(t[~kept].double(), w[~kept.numpy()], dtype, "grad", size[~kept.numpy()])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_split_step_keeps_its_rows_from_the_partials_it_left(cuda, dtype):
+    """Three rows of 20000 (streamed, fewer than SPLIT_BELOW_ROWS): the eager step is the split's
+    pair, the partial sums into a workspace torch allocates and the fused kernel from them, then
+    the reduction; the backward is the split's keep kernel on those very partials (no second
+    sums launch), which leaves a row whose upstream gradient is the forward's as it is and
+    recomputes the others. Nothing is read back to the host, nothing comes from CuPy's pool."""
+    n, d = 3, 20000
+    x1, x2, y = _torch_inputs(n, d, dtype, seed=12)
+    with _device_only(cuda):
+        loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, "mean")
+    dx1, dx2, _, sums = fused
+    first, launch, reduce = cuda.launches
+    assert [i.split("__")[0] for i in cuda.ids()] == [SPLIT_SUMS, SPLIT_FUSED, REDUCE]
+    assert sums.shape == (n * split.slices(d, dtype), 4) and sums.device == x1.device
+    for one in (first, launch):
+        assert np.shares_memory(one.args["sums"], sums.numpy()) and one.stream == STREAM
+    _assert_reduce(launch, reduce, loss, dtype, "mean", n)
+    f1, f2, fy = x1.double().numpy(), x2.double().numpy(), y.double().numpy()
+    _close(loss.double(), _expected(f1, f2, fy, 0.1, "mean", 1.0)[0][0], dtype, "loss")
+    for g in (1.0, 2.5):
+        for t in (dx1, dx2):
+            t.fill_(7.0)  # kept (g == 1): must not be written
+        cuda.launches.clear()
+        with _device_only(cuda):
+            got = _cuda.keep_backward(torch.tensor(g, dtype=x1.dtype), x1, 0.1, "mean", fused)
+        (back,) = cuda.launches
+        assert back.kernel_id == f"{SPLIT_BACKWARD}_keep__{dtype}__1024"
+        assert np.shares_memory(back.args["sums"], sums.numpy())
+        if g == 1.0:
+            assert all((t == 7.0).all() for t in got)
+        else:
+            want, sizes = _expected(f1, f2, fy, 0.1, "mean", g)
+            for t, w, size in zip(got, want[1:], sizes):
+                _close(t.double(), w, dtype, "grad", size)
 
 
 def test_compiled_step_on_cuda_tensors(cuda):

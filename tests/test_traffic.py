@@ -35,21 +35,37 @@ def misaligned(array):
 
 
 def run(kernel, inputs, margin=0.25):
-    """Launch `kernel` under the traffic counter; check its outputs against float64 as well."""
+    """Launch `kernel` under the traffic counter; check its outputs against float64 as well. The
+    second kernel of a pair runs after the first, whose traffic is asserted too."""
+    n_rows, n_dim = inputs["x1"].shape
+    if kernel.first is not None:
+        first = kernel.first.for_n_dim(n_dim, kernel.dtype)
+        counts, outputs = counted(first, inputs, margin)
+        assert_traffic(first, counts, n_rows, n_dim)
+        inputs = {**inputs, **outputs}
+    return counted(kernel, inputs, margin)[0]
+
+
+def counted(kernel, inputs, margin):
+    """(traffic, outputs) of one launch of `kernel`, its outputs checked against float64."""
     n_rows, n_dim = inputs["x1"].shape
     args, outputs = check.build_args(kernel, inputs, margin)
     grid, block, smem = kernel.launch_config(n_rows, n_dim)
     counts = emulate.traffic(kernel, grid, block, args, shared_mem=smem)
     _, _, failures = check.compare(outputs, *check.expected(kernel, inputs, margin), kernel.dtype)
     assert not failures, failures
-    return counts
+    return counts, outputs
 
 
 def assert_traffic(kernel, counts, n_rows, n_dim):
     """The traffic the kernel's header promises, and its bytes formula equal to what it moves."""
-    matrices = {a.name for a in kernel.args if a.shape == ("n_rows", "n_dim")}
+    matrices = {a.name for a in kernel.args if a.shape == ("n_rows", "n_dim") and not a.derived}
     # A gradient kernel reads a streamed row twice (sums, then gradient); the forward one once.
+    # Each of the split's kernels reads it once: its pair twice, the first for the sums.
     passes = 2 if kernel.streamed and kernel.kind != "forward" else 1
+    # The split's partials: each read by the blocks of its row, S in a gradient kernel, and
+    # counted once by bytes_moved (after the first, from L2).
+    readers = kernel.slices(n_dim) if getattr(kernel, "per_slice", False) else 1
     moved = 0
     for spec in kernel.args:
         if not spec.is_pointer or spec.name not in counts:
@@ -57,6 +73,8 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         t = counts[spec.name]
         if spec.output:
             assert (t.written, t.writes, t.read) == (t.size, (1, 1), 0), (spec.name, t)
+        elif spec.derived:
+            assert (t.read, t.reads, t.written) == (t.size, (readers, readers), 0), (spec.name, t)
         elif spec.name in matrices:
             assert (t.read, t.reads, t.written) == (t.size, (passes, passes), 0), (spec.name, t)
         else:  # a per-row value: every lane of a row may read it (a broadcast on a GPU)
@@ -71,10 +89,15 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
     assert moved == want, f"{kernel.id}: moves {moved} bytes, bytes_moved says {want}"
 
 
+# The split's kernels: one slice (33), a whole one (4096 floats), a ragged and a misaligned
+# last slice, several (16385: 5 slices of floats, 3 of bf16, 9 of doubles).
+SPLIT_WIDTHS = [33, 4096, "4096+1", 16385, 16392]
+
+
 def _cases():
     for name, cls in kernel_classes().items():
         for dtype in DTYPES:
-            for width in WIDTHS:
+            for width in SPLIT_WIDTHS if hasattr(cls, "per_slice") else WIDTHS:
                 for dy in ("dy", "no_dy") if cls.kind == "fused" else ("",):
                     yield pytest.param(cls, dtype, width, dy,
                                        id="-".join(filter(None, (name, dtype, str(width), dy))))
