@@ -46,6 +46,7 @@ import numpy as np
 
 import cek
 from cek import check, dtypes, gpu, reference
+from cek import cosine_embedding_loss_split as split
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes
 
@@ -211,10 +212,15 @@ def present(wanted) -> list[str]:
     return names
 
 
-def reductions(kernel: Kernel, provider: str) -> tuple[str, ...]:
+def reductions(kernel: Kernel, provider: str, n_rows: int, n_dim: int) -> tuple[str, ...]:
     """What `provider` times for `kernel`: the fused kernel alone and as a mean for cek, a
     training step (a mean) for PyTorch and cek.torch; per-row results otherwise. Empty where
-    the provider has nothing to time (cek.torch has no forward or backward alone)."""
+    the provider has nothing to time (cek.torch has no forward or backward alone; nothing but
+    cek computes the split's partial sums), and for the baselines where cek's launchers run
+    the other kernel of the same math at this shape (the split's pair or one block a row,
+    `chosen`): a baseline is timed once a shape, beside what cek's users run."""
+    if provider != "cek" and not chosen(kernel, n_rows, n_dim):
+        return ()
     if kernel.kind != "fused":
         return () if provider in CEK_TORCH_PROVIDERS else ("none",)
     if provider == "cek":
@@ -222,10 +228,24 @@ def reductions(kernel: Kernel, provider: str) -> tuple[str, ...]:
     return ("none",) if provider == "cupy" else ("mean",)
 
 
+def chosen(kernel: Kernel, n_rows: int, n_dim: int) -> bool:
+    """Whether cek's functions and cek.torch run `kernel` (a split pair's second, or a kernel of
+    one block a row) for an n_rows x n_dim problem; never the split's partial sums alone."""
+    if kernel.kind == "sums":
+        return False
+    return split.splits(n_rows, n_dim, kernel.dtype) == (kernel.first is not None)
+
+
+def launched(kernel: Kernel, n_dim: int) -> list[Kernel]:
+    """The kernels one run of `kernel` launches: the first of its pair, then itself."""
+    first = [kernel.first.for_n_dim(n_dim, kernel.dtype)] if kernel.first is not None else []
+    return first + [kernel]
+
+
 def bytes_moved(kernel: Kernel, reduction: str, n_rows: int, n_dim: int) -> int:
-    """The bytes of what a row of `reduction` runs: the kernel's, and a mean's reduction (each
-    per-row loss read again, the result written)."""
-    n_bytes = kernel.bytes_moved(n_rows, n_dim)
+    """The bytes of what a row of `reduction` runs: the kernel's (with the first of its pair's),
+    and a mean's reduction (each per-row loss read again, the result written)."""
+    n_bytes = sum(k.bytes_moved(n_rows, n_dim) for k in launched(kernel, n_dim))
     if reduction != "none":
         n_bytes += CosineEmbeddingLossReduce.for_dtype(kernel.dtype).bytes_moved(n_rows)
     return n_bytes
@@ -239,7 +259,7 @@ def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float
     kind = kernel.kind  # the *_rows variants have their twin's baselines
     out = {}
     for name in present(wanted):
-        for reduction in reductions(kernel, name):
+        for reduction in reductions(kernel, name, bench.n_rows, bench.n_dim):
             if name == "cek":
                 build = partial(_cek_provider, bench, kernel, margin, reduction)
             elif name == "cupy":
@@ -255,14 +275,18 @@ def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float
 
 
 def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = "none"):
-    """The kernel through gpu.load's checks once, then timed as the compiled function itself;
+    """The kernel through gpu.load's checks once, then timed as the compiled function itself,
+    after the first kernel of its pair (the split's partial sums, into a workspace of CuPy's);
     for a mean, each run also launches the reduction of its per-row losses."""
     cp = bench.cupy
     n, d = bench.n_rows, bench.n_dim
-    args, device_out = check.build_args(kernel, {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
-                                                 "dy": bench.dy if kernel.kind == "backward" else None,
-                                                 "scale": 1.0 / n}, margin, xp=cp)
-    launches = [_checked_launch(cp, kernel, kernel.launch_config(n, d), args)]
+    inputs = {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
+              "dy": bench.dy if kernel.kind == "backward" else None, "scale": 1.0 / n}
+    launches = []
+    for k in launched(kernel, d):
+        args, device_out = check.build_args(k, inputs, margin, xp=cp)
+        launches.append(_checked_launch(cp, k, k.launch_config(n, d), args))
+        inputs = {**inputs, **device_out}  # the partial sums, for the pair's second kernel
     reduced = None
     if reduction != "none":  # as cek.functional reduces: one launch, or two levels
         reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)
@@ -276,8 +300,9 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
         launches.append(_checked_launch(cp, reduce, reduce.launch_config(count),
                                         (rows, reduced, count, 1.0 / n, None)))
 
-    def outputs():
-        got = {k: cp.asnumpy(v[:bench.check_rows]) for k, v in device_out.items()}
+    def outputs():  # the checked rows' (the partial sums: S a row)
+        per_row = kernel.slices(d) if kernel.kind == "sums" else 1
+        got = {k: cp.asnumpy(v[:bench.check_rows * per_row]) for k, v in device_out.items()}
         if reduced is not None:
             got["reduced"] = cp.asnumpy(reduced)
         return got

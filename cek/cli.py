@@ -31,6 +31,8 @@ KERNEL_NAMES = list(kernel_classes())
 DTYPE_NAMES = list(DTYPES)
 # Kernels take `int n_rows`: a larger count is refused before any memory is allocated.
 MAX_ROWS = 2**31 - 1
+# The widest row any kernel takes (the split in 16-bit types); each kernel refuses wider ones.
+MAX_N_DIM = 1 << 23
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -396,13 +398,21 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
     from cek import report
     from cek.compile import CompileError
 
-    rows, reduced, shown = [], set(), set()
+    from cek import cosine_embedding_loss_split as split
+
+    rows, reduced, shown, said = [], set(), set(), set()
     for kernel, width in cases:
         try:
             kernel.launch_config(n_rows, width)  # a width the kernel does not take: exit 2
             first = kernel.first.for_n_dim(width, kernel.dtype) if kernel.first else None
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+        if kernel.first is None and kernel.kind != "sums" and \
+                split.splits(n_rows, width, kernel.dtype) and kernel.short_name not in said:
+            said.add(kernel.short_name)
+            click.echo(f"note: at {n_rows} x {width} cek's functions and cek.torch run the split's "
+                       f"pair instead of {kernel.short_name} (see --kernel split-sums and the "
+                       f"*-split kernels)", err=True)
         for k in ([first] if first is not None and (first, width) not in shown else []) + \
                 [kernel]:
             shown.add((k, width))
@@ -439,7 +449,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
               help="auto: the GPU when there is one, else the CPU emulator (saying why).")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
               help="Kernels to check (repeatable).  [default: every kernel]")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True,
+@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True,
               help="Row widths (repeatable).  [default: "
                    f"{' '.join(map(str, check.N_DIMS))}]")
 @click.option("--n-rows", type=click.IntRange(1, MAX_ROWS), default=7, show_default=True,
@@ -594,7 +604,7 @@ def _bench_line(row: dict | None, static: bool = False) -> str:
 
 
 @main.command("bench")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, 1 << 20), multiple=True, required=True,
+@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True, required=True,
               help="Row width (repeatable for a sweep).")
 @click.option("--n-rows", default="65536", show_default=True, callback=_n_rows_value,
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")

@@ -13,8 +13,10 @@ one-block-per-row kernel; it and the slices depend on N and D alone, so the bits
 from __future__ import annotations
 
 from cek import dtypes
-from cek.cosine_embedding_loss_backward import MATRIX, ROW
+from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackward,
+                                                CosineEmbeddingLossBackwardKeep)
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
+from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.kernel import Arg, Kernel, _is_int, next_power_of_two
 
 THREADS = 1024
@@ -208,28 +210,30 @@ class CosineEmbeddingLossSplitForward(_Second, Kernel):
         return self._io_bytes(n_rows, n_dim, 0, 2) + self.workspace_bytes(n_rows, n_dim)
 
 
-class CosineEmbeddingLossSplitBackward(_Second, Kernel):
-    """dx1, dx2 for dy [n_rows] from the partials and a second read of each slice."""
+def _with_sums(args: tuple[Arg, ...], after: str) -> tuple[Arg, ...]:
+    """A one-block kernel's arguments with the partials read after `after`: the split's kernel
+    of the same result takes what it takes, in its order."""
+    at = [a.name for a in args].index(after) + 1
+    return (*args[:at], _sums_arg(output=False), *args[at:])
+
+
+class _Gradients(_Second):
+    """A second launch that reads its slice again and writes dx1 and dx2."""
+
+    def bytes_moved(self, n_rows: int, n_dim: int) -> int:
+        # Header of the .cu: x1, x2 read again, dx1, dx2 written, the partials; y and dy
+        # (backward) or y and the loss (fused, without dy: the mean/sum case).
+        return self._io_bytes(n_rows, n_dim, 4, 2) + self.workspace_bytes(n_rows, n_dim)
+
+
+class CosineEmbeddingLossSplitBackward(_Gradients, Kernel):
+    """dx1, dx2 for dy [n_rows] from the partials and a second read of each slice: the
+    arguments of CosineEmbeddingLossBackward, the partials after y."""
 
     name = "cosine_embedding_loss_split_backward"
     short_name = "backward-split"
     kind = "backward"
-    args = (
-        Arg("dy", "A*", ROW),
-        Arg("x1", "T*", MATRIX),
-        Arg("x2", "T*", MATRIX),
-        Arg("y", "A*", ROW),
-        _sums_arg(output=False),
-        Arg("dx1", "T*", MATRIX, output=True),
-        Arg("dx2", "T*", MATRIX, output=True),
-        Arg("n_rows", "int"),
-        Arg("n_dim", "int"),
-        Arg("margin", "A"),
-    )
-
-    def bytes_moved(self, n_rows: int, n_dim: int) -> int:
-        # Header of the .cu: x1, x2 read again, dx1, dx2 written, the partials, y and dy.
-        return self._io_bytes(n_rows, n_dim, 4, 2) + self.workspace_bytes(n_rows, n_dim)
+    args = _with_sums(CosineEmbeddingLossBackward.args, after="y")
 
 
 class CosineEmbeddingLossSplitBackwardKeep(CosineEmbeddingLossSplitBackward):
@@ -239,32 +243,15 @@ class CosineEmbeddingLossSplitBackwardKeep(CosineEmbeddingLossSplitBackward):
 
     name = "cosine_embedding_loss_split_backward_keep"
     short_name = "backward-keep-split"
-    args = CosineEmbeddingLossSplitBackward.args + (Arg("keep_dy", "A"),)
+    args = _with_sums(CosineEmbeddingLossBackwardKeep.args, after="y")
 
 
-class CosineEmbeddingLossSplitFused(_Second, Kernel):
+class CosineEmbeddingLossSplitFused(_Gradients, Kernel):
     """Per-row loss and dx1, dx2 from the partials and a second read of each slice; row r's
-    upstream gradient is scale * dy[r], or scale without dy (CosineEmbeddingLossFused's)."""
+    upstream gradient is scale * dy[r], or scale without dy: the arguments of
+    CosineEmbeddingLossFused, the partials after scale."""
 
     name = "cosine_embedding_loss_split_fused"
     short_name = "fused-split"
     kind = "fused"
-    args = (
-        Arg("x1", "T*", MATRIX),
-        Arg("x2", "T*", MATRIX),
-        Arg("y", "A*", ROW),
-        Arg("dy", "A*", ROW, optional=True),
-        Arg("scale", "A"),
-        _sums_arg(output=False),
-        Arg("loss", "A*", ROW, output=True),
-        Arg("dx1", "T*", MATRIX, output=True),
-        Arg("dx2", "T*", MATRIX, output=True),
-        Arg("n_rows", "int"),
-        Arg("n_dim", "int"),
-        Arg("margin", "A"),
-    )
-
-    def bytes_moved(self, n_rows: int, n_dim: int) -> int:
-        # Header of the .cu, without dy (a mean or sum): x1, x2 read again, dx1, dx2 and the
-        # loss written, the partials and y read.
-        return self._io_bytes(n_rows, n_dim, 4, 2) + self.workspace_bytes(n_rows, n_dim)
+    args = _with_sums(CosineEmbeddingLossFused.args, after="scale")

@@ -299,7 +299,8 @@ def _direct(cupy, buffer, shape, dtype, inputs):
 
 def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads,
              dest=(None, None, None), reduction="none"):
-    """Launch the kernel that gives what is wanted, on the current device and stream, and for a
+    """Launch the kernel that gives what is wanted, on the current device and stream (for a few
+    wide rows the split's pair: its partial sums, then its kernel of the result), and for a
     mean or sum the kernel that reduces its per-row losses.
 
     x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as

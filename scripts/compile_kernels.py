@@ -6,9 +6,10 @@ after its preflight.
     python scripts/compile_kernels.py scripts/device_check.sh [--jobs 8] [--list]
 
 The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines: each --kernel (fused
-by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with the fused
-kernel, the reduction of its losses (a mean's second launch); with a cek.torch provider, the
-kernels a cek.torch training step launches, eager and compiled. --list prints the kernel ids
+by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with a split
+pair's second kernel, its first (split-sums); with the fused kernels, the reduction of their
+losses (a mean's second launch); with a cek.torch provider, the kernels a cek.torch training
+step launches at that shape, eager and compiled. --list prints the kernel ids
 and compiles nothing. Exit 1 if any kernel fails to compile.
 """
 
@@ -24,8 +25,11 @@ import time
 from pathlib import Path
 
 # What a cek.torch training step launches for a mean: the eager route (fused forward, keep
-# backward) and the compiled one (the custom ops: forward rows, backward rows), both reducing.
+# backward) and the compiled one (the custom ops: forward rows, backward rows), both reducing;
+# where it splits a few wide rows, the split's pairs of each.
 CEK_TORCH_KERNELS = ("fused", "backward-keep", "forward-rows", "backward-rows")
+CEK_TORCH_SPLIT_KERNELS = ("fused-split", "backward-keep-split", "forward-split",
+                           "backward-split")
 
 
 def script_lines(script: str) -> list[str]:
@@ -56,15 +60,25 @@ def kernels_of(args: list[str]) -> set[tuple[str, str, int]]:
     """(kernel short name, dtype, n_dim) of everything a `cek bench` call launches."""
     from cek.bench import CEK_TORCH_PROVIDERS
 
+    from cek import bench
+    from cek import cosine_embedding_loss_split as split
+    from cek.kernel import kernel_classes
+
     names = _values(args, "--kernel", ["fused"])
     baselines = ",".join(_values(args, "--baseline", [""])).split(",")
-    if set(baselines) & set(CEK_TORCH_PROVIDERS):
-        names += CEK_TORCH_KERNELS
+    rows = _values(args, "--n-rows", ["65536"])[0]
     out = set()
     for dtype in _values(args, "--dtype", ["f32"]):
         for n_dim in map(int, _values(args, "--n-dim", [])):
-            out |= {(name, dtype, n_dim) for name in names}
-            if "fused" in names:
+            launched = list(names)
+            if set(baselines) & set(CEK_TORCH_PROVIDERS):
+                n_rows = bench.auto_rows(n_dim) if rows == "auto" else int(rows)
+                launched += (CEK_TORCH_SPLIT_KERNELS if split.splits(n_rows, n_dim, dtype)
+                             else CEK_TORCH_KERNELS)
+            out |= {(name, dtype, n_dim) for name in launched}
+            if any(kernel_classes()[name].first is not None for name in launched):
+                out.add(("split-sums", dtype, n_dim))  # a pair's first launch
+            if {"fused", "fused-split"} & set(launched):
                 out.add(("reduce", dtype, n_dim))
     return out
 

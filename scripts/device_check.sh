@@ -11,7 +11,8 @@
 #   bench_fused.png
 # Order, what a first run needs first: the preflight and the compile of every kernel the steps
 # use; cek at the target shapes (fused alone and as a mean, forward, backward, and a training
-# step through cek.torch, eager and from a CUDA graph, beside torch's eager step); the gpu tier
+# step through cek.torch, eager and from a CUDA graph, beside torch's eager step), and the few
+# wide rows that run split, both ways; the gpu tier
 # (its CLI bench test, the slowest, deselected: the steps here run that bench); the baselines and
 # the sweeps; torch.compile last (its first compiles take tens of seconds; first_s in its rows is
 # that time). Each step has a timeout; the timeouts, and each one's KILL_AFTER_S, add up to less
@@ -117,7 +118,7 @@ grep MISSING "$OUT/env.txt"
 
 # 2. Every kernel the bench steps launch, compiled by CuPy into its disk cache, so that no
 #    timed step waits on NVRTC.
-step compile 45 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/compile.log" 2>&1
+step compile 42 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/compile.log" 2>&1
 
 # 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
@@ -125,35 +126,46 @@ step compile 45 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/co
 #    torch's eager step; at 65536x768 forward and backward too (the *_rows variants run their
 #    twins' code at this width).
 STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
-bench cek_768 45 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+bench cek_768 38 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     $STEP
-bench cek_4096 20 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
-bench cek_128 30 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
+bench cek_4096 16 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
+bench cek_128 25 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
+# Few wide rows, split across blocks (48 and 8 rows of 2^20, 256 of 32768): the split's fused and
+# forward pairs beside the one-block-per-row kernels they replace there, and cek.torch's step
+# (the split's) beside torch's. At 1024 rows of 32768 the launchers keep one block a row: both
+# timed there too, where SPLIT_BELOW_ROWS is to be judged.
+SPLIT="--kernel fused --kernel fused-split --kernel forward-rows --kernel forward-split \
+    --dtype f32 --dtype bf16 --repeat 50"
+bench split_48 20 --n-dim 1048576 --n-rows 48 $SPLIT --baseline cek-torch,torch
+bench split_8 8 --n-dim 1048576 --n-rows 8 $SPLIT --baseline none
+bench split_256 12 --n-dim 32768 --n-rows 256 $SPLIT --baseline cek-torch,torch
+bench split_1024 8 --n-dim 32768 --n-rows 1024 --kernel fused --kernel fused-split --dtype f32 \
+    --repeat 50 --baseline none
 
 # 4. The gpu tier: kernels, functional API, cek.torch against the float64 reference, and the
 #    mean and sum at 65536x768 launch after launch; not the CLI bench test, which the steps here
 #    run.
-step gpu_tests 100 $PY -m pytest -q -m gpu -p no:cacheprovider tests \
+step gpu_tests 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests \
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
 # 5. The CuPy baseline at the target shapes (cek again in each step: its speed-up is same-run).
-bench base_768 20 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+bench base_768 15 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --repeat 100 --baseline cupy
 bench base_4096 8 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline cupy
-bench base_128 12 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline cupy
+bench base_128 10 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline cupy
 
 # 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 18 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
+bench sweep_fused 12 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
     --plot "$OUT/bench_fused.png"
 # The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 12 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+bench sweep_fused_bf16 9 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
     --baseline cupy,torch
-bench sweep_fwd_bwd 12 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+bench sweep_fwd_bwd 9 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 8 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+bench sweep_rows 6 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
     --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
     --repeat 50 --baseline none
 
@@ -162,7 +174,7 @@ bench sweep_rows 8 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
 #    with `cek bench --n-dim 4096 --n-rows 8192 --dtype f32 --dtype bf16 --baseline
 #    torch-compile,cek-torch-compile`, and at 128 x 1048576). Its compile time is first_s in its
 #    rows; whatever it does, it can cost no other figure.
-bench torch_compile 50 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
+bench torch_compile 40 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
     --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.

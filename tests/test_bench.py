@@ -190,7 +190,9 @@ def test_bench_runs_checks_and_writes_json(tmp_path):
 
 # -- the whole bench on the stand-in -------------------------------------------------------------
 
-KERNELS = list(kernel_classes())
+# The one-block-per-row kernels; a split pair is timed in a test of its own
+# (test_a_split_pair_is_timed_as_one_run): its 1024-thread blocks are slow to emulate 57 times.
+KERNELS = [k for k, cls in kernel_classes().items() if cls.first is None and cls.kind != "sums"]
 SHAPES = [(64, 8), (8, 768)]  # row groups; registers. Both have more rows than are checked.
 PROVIDERS = ["cek", "cupy", "torch"]  # torch-compile would compile C++ for minutes
 
@@ -199,7 +201,7 @@ def timed_rows(kernels=KERNELS, providers=PROVIDERS) -> list[tuple[str, str, str
     """(kernel, provider, reduction) of every row a run times, in order: the fused kernel's cek
     rows alone and as a mean, PyTorch's a training step (a mean), the rest per row."""
     return [(k, p, r) for k in kernels for p in providers
-            for r in bench.reductions(kernel_classes()[k].for_n_dim(8), p)]
+            for r in bench.reductions(kernel_classes()[k].for_n_dim(8), p, 64, 8)]
 FAKE = fake_cupy.FAKE_MS * 10  # what one timing of 50 repetitions reads
 # What the stand-in static report says of every kernel (the real one compiles each kernel):
 # shown in the bench table as rounds 2, occ% 75, inflight/SM 48K (49152 / 1024), need/SM 8K.
@@ -241,7 +243,10 @@ def _short(failure: str) -> tuple[str, str]:
 def _bytes(kernel: str, dtype: str, n: int, d: int, reduction: str = "none") -> int:
     """The row kernel's bytes, and a mean's: the per-row losses read again, the result written
     (A*N + S)."""
-    n_bytes = kernel_classes()[kernel].for_n_dim(d, dtype).bytes_moved(n, d)
+    k = kernel_classes()[kernel].for_n_dim(d, dtype)
+    n_bytes = k.bytes_moved(n, d)
+    if k.first is not None:  # a split pair: its partial sums first
+        n_bytes += k.first.for_n_dim(d, dtype).bytes_moved(n, d)
     if reduction == "mean":
         d_type = dtypes.get(dtype)
         n_bytes += d_type.acc.itemsize * n + d_type.array.itemsize
@@ -256,12 +261,28 @@ def _refused(dtype: str, d: int) -> set:
 
 def test_what_each_provider_times():
     fused, forward = kernel_classes()["fused"].for_n_dim(8), kernel_classes()["forward"](8)
-    assert bench.reductions(fused, "cek") == ("none", "mean")
-    assert bench.reductions(fused, "cupy") == ("none",)
-    assert all(bench.reductions(fused, p) == ("mean",) for p in bench.PROVIDERS[2:])
-    assert bench.reductions(forward, "torch") == ("none",)
-    assert all(bench.reductions(forward, p) == () for p in bench.CEK_TORCH_PROVIDERS)
+    assert bench.reductions(fused, "cek", 64, 8) == ("none", "mean")
+    assert bench.reductions(fused, "cupy", 64, 8) == ("none",)
+    assert all(bench.reductions(fused, p, 64, 8) == ("mean",) for p in bench.PROVIDERS[2:])
+    assert bench.reductions(forward, "torch", 64, 8) == ("none",)
+    assert all(bench.reductions(forward, p, 64, 8) == () for p in bench.CEK_TORCH_PROVIDERS)
     assert bench.bytes_moved(fused, "mean", 64, 768) == fused.bytes_moved(64, 768) + 4 * 64 + 4
+    # The baselines beside the kernel cek's launchers run at the shape: the split's pair for 48
+    # rows of 2^20, one block a row for 512 rows of 32768; cek itself whichever is asked for.
+    split_fused = kernel_classes()["fused-split"].for_n_dim(1 << 20)
+    sums = kernel_classes()["split-sums"].for_n_dim(1 << 20)
+    for n, d, picked in ((48, 1 << 20, split_fused), (512, 32768, fused)):
+        for kernel in (fused, split_fused):
+            assert bench.reductions(kernel, "cek", n, d) == ("none", "mean")
+            want = ("mean",) if kernel is picked else ()
+            assert bench.reductions(kernel, "torch", n, d) == want
+            assert bench.reductions(kernel, "cek-torch", n, d) == want
+    assert bench.reductions(sums, "cek", 48, 1 << 20) == ("none",)
+    assert bench.reductions(sums, "cupy", 48, 1 << 20) == ()
+    # a pair's bytes: the partial sums' launch and the second one's
+    assert bench.bytes_moved(split_fused, "none", 48, 1 << 20) == \
+        sums.bytes_moved(48, 1 << 20) + split_fused.bytes_moved(48, 1 << 20) == \
+        16 * 48 * (6 << 20) // 4 + 8 * 4 * 48 * 256 + 8 * 48
 
 
 @pytest.mark.emulator
@@ -287,14 +308,18 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
         assert [(r.kernel, r.provider, r.reduction) for r in rows] == timed
         # One timing for the copy and one per right provider, 50 repetitions each.
         assert standin.elapsed_reads - reads == 50 * (1 + len(timed))
-        # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed; the
-        # fused kernel twice (alone and as a mean), the mean's reduction after it each time.
+        # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed,
+        # after the first of its pair (the split's partial sums); the fused kernels twice
+        # (alone and as a mean), the mean's reduction after each.
+        runs = {kernel: 2 if kernel.startswith("fused") else 1 for kernel in KERNELS}
+        pairs = sum(r for k, r in runs.items() if kernel_classes()[k].first is not None)
         for kernel in KERNELS:
-            runs = 2 if kernel == "fused" else 1
+            count = runs[kernel] + (pairs if kernel == "split-sums" else 0)
             assert standin.ids().count(kernel_classes()[kernel].for_n_dim(d, dtype).id) == \
-                57 * runs
-        assert standin.ids().count(f"cosine_embedding_loss_reduce__{dtype}__1024") == 57
-        assert len(standin.launches) == 57 * (len(KERNELS) + 2)
+                57 * count
+        means = sum(k.startswith("fused") for k in KERNELS)
+        assert standin.ids().count(f"cosine_embedding_loss_reduce__{dtype}__1024") == 57 * means
+        assert len(standin.launches) == 57 * (sum(runs.values()) + pairs + means)
 
         copy_bytes = 2 * 2 * n * d * dtypes.get(dtype).array.itemsize  # x1 and x2, read + write
         for r in rows:
@@ -312,12 +337,38 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
 
 
 @pytest.mark.emulator
+def test_a_split_pair_is_timed_as_one_run(standin):
+    """Two rows of 16385 floats, which cek's launchers split: fused-split is timed alone and as a
+    mean, each run its partial sums then its own launch (and the reduction), with the bytes of
+    both; the baselines run beside it, the kernel users get there, and not beside fused, which
+    is timed for cek alone."""
+    n, d = 2, 16385
+    rows, failures = bench.run_bench(["fused", "fused-split"], n, d, PROVIDERS, 50,
+                                     log=lambda m: None)
+    assert failures == []
+    assert [(r.kernel, r.provider, r.reduction) for r in rows] == [
+        ("fused", "cek", "none"), ("fused", "cek", "mean"), ("fused-split", "cek", "none"),
+        ("fused-split", "cek", "mean"), ("fused-split", "cupy", "none"),
+        ("fused-split", "torch", "mean")]
+    ids = standin.ids()
+    sums, pair = (kernel_classes()[k].for_n_dim(d).id for k in ("split-sums", "fused-split"))
+    assert ids.count(sums) == ids.count(pair) == 2 * 57
+    assert all(ids[i - 1] == sums for i, k in enumerate(ids) if k == pair)
+    for r in rows:
+        n_bytes = _bytes(r.kernel, "f32", n, d, r.reduction)
+        assert r.gb_per_s == pytest.approx(n_bytes / (np.median(FAKE) * 1e-3) / 1e9, rel=1e-12)
+        assert r.speedup_of_cek == (None if r.provider == "cek" else pytest.approx(1.0))
+
+
+@pytest.mark.emulator
 def test_bench_command_writes_json_and_a_table(standin, tmp_path):
-    """The CLI over two dtypes and every kernel; timings are the stand-in's fake ones."""
+    """The CLI over two dtypes and every one-block kernel; timings are the stand-in's fake
+    ones."""
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = CliRunner().invoke(main, [
-        "bench", "--n-dim", "8", "--n-rows", "64", "--kernel", "all", "--dtype", "f32",
+        "bench", "--n-dim", "8", "--n-rows", "64", *(f"--kernel={k}" for k in KERNELS),
+        "--dtype", "f32",
         "--dtype", "bf16", "--baseline", "cupy,torch", "--repeat", "50", "--json-file", str(out),
         "--plot", str(png)])
     assert result.exit_code == 0, result.output

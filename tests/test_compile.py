@@ -37,8 +37,10 @@ def test_compiles_without_spills_or_local_memory(cls, block_size, dtype, arch):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("cls", list(kernel_classes().values()), ids=lambda c: c.name)
-@pytest.mark.parametrize("block_size", [256, 1024, 1 << 20])
+@pytest.mark.parametrize("cls, block_size", [
+    (cls, b) for cls in kernel_classes().values()
+    for b in ([256, 1024, 1 << 20] if len(cls.block_sizes()) > 1 else cls.block_sizes())],
+    ids=lambda v: v.name if isinstance(v, type) else str(v))
 def test_vector_path_uses_128_bit_loads_and_stores(cls, dtype, block_size):
     ptx = cls(block_size, dtype).compile("sm_90").ptx
     assert VECTOR_LOAD.search(ptx)

@@ -317,6 +317,23 @@ def test_one_instance_a_dtype_with_the_slice_asserted_in_its_entry_point():
         split.CosineEmbeddingLossSplitFused(512)
 
 
+class _MisSliced(split.CosineEmbeddingLossSplitFused):
+    """Says two chunks a thread where CekSplit holds one: a mirror out of step."""
+
+    @property
+    def chunks_held(self):
+        return 2
+
+
+@pytest.mark.compile
+def test_the_compiler_refuses_a_slice_mirror_out_of_step():
+    from cek.compile import CompileError
+
+    with pytest.raises(CompileError) as info:
+        _MisSliced(1024).compile("sm_90")
+    assert "cek/cosine_embedding_loss_split.py and CekSplit disagree on CHUNKS" in info.value.log
+
+
 def test_a_launch_names_what_is_wrong_before_it_runs():
     kernel = split.CosineEmbeddingLossSplitFused.for_n_dim(9000)
     inputs = dict(check.make_inputs(2, 9000), sums=np.zeros((5, 4), np.float32))
@@ -328,3 +345,39 @@ def test_a_launch_names_what_is_wrong_before_it_runs():
         kernel.check_launch((2, 1, 1), (1024, 1, 1), 2, 9000)  # a block a row: slices missed
     with pytest.raises(ValueError, match="more than a grid takes"):
         kernel.launch_config(2**30, 9000)
+
+
+# -- gpu tier ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, n_dim", [("f32", 32768), ("f32", (1 << 20) + 1),
+                                          ("bf16", 70001), ("f64", 9000)])
+@pytest.mark.parametrize("cls", [SUMS, *PAIRS], ids=_id)
+def test_gpu_pairs_match_the_reference(cls, dtype, n_dim):
+    launch = check.gpu_launcher()
+    rows = 1 if n_dim > 100_000 else 3
+    _passes(check.run_case(cls.for_n_dim(n_dim, dtype), launch, "gpu",
+                           _inputs(cls, rows, n_dim, 1, dtype), 0.25))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_rows, n_dim", [(48, 1 << 20), (256, 32768)])
+def test_gpu_split_step_is_the_same_bits_launch_after_launch(n_rows, n_dim):
+    """cek.functional's fused mean at the split's target shapes: the pair, then the
+    reduction, 10 times, the same bits each time, and the float64 mean."""
+    import cupy as cp
+
+    import cek
+    from cek.bench import mean_reference
+
+    rng = cp.random.default_rng(0)
+    x1 = rng.standard_normal((n_rows, n_dim), dtype=cp.float32)
+    x2 = 0.5 * x1 + rng.standard_normal((n_rows, n_dim), dtype=cp.float32)
+    y = cp.where(rng.random(n_rows) < 0.5, 1.0, -1.0).astype(cp.float32)
+    assert split.splits(n_rows, n_dim, "f32")
+    first = [cp.asnumpy(a) for a in cek.cosine_embedding_loss_fused(x1, x2, y, 0.1)]
+    for _ in range(9):
+        again = [cp.asnumpy(a) for a in cek.cosine_embedding_loss_fused(x1, x2, y, 0.1)]
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    want = mean_reference(cp, x1, x2, y, 0.1, "f32")
+    assert abs(float(first[0]) - want) <= 1e-4 * abs(want) + 1e-5

@@ -139,9 +139,22 @@ def test_the_steps_come_in_the_order_a_first_run_needs():
     for _, args in first:
         assert _option(args, "--dtype") == ["f32", "bf16"] and "fused" in _option(args, "--kernel")
         assert _baselines(args).split(",") == ["cek-torch", "cek-torch-graph", "torch"]
+    # Then the few wide rows that run split: 48 and 8 rows of 2^20, 256 of 32768, in float32
+    # and bfloat16, the split's fused and forward pairs beside the one-block kernels; and 1024
+    # rows of 32768, where the launchers keep one block a row, both fused kernels.
+    split = [(name, args) for name, _, args in calls if name.startswith("split_")]
+    assert [name for name, _ in split] == names[2 + len(first):2 + len(first) + len(split)]
+    shapes = {(_option(a, "--n-dim")[0], _option(a, "--n-rows")[0]): a for _, a in split}
+    assert set(shapes) == {("1048576", "48"), ("1048576", "8"), ("32768", "256"),
+                           ("32768", "1024")}
+    for shape in (("1048576", "48"), ("1048576", "8"), ("32768", "256")):
+        assert _option(shapes[shape], "--dtype") == ["f32", "bf16"]
+        assert {"fused", "fused-split", "forward-rows", "forward-split"} == \
+            set(_option(shapes[shape], "--kernel"))
+    assert {"fused", "fused-split"} == set(_option(shapes["32768", "1024"], "--kernel"))
     # Then the gpu tier, its CLI bench test (which times what the steps here time) left out.
     gpu_tests = next(args for kind, name, _, args in _steps() if name == "gpu_tests")
-    assert names.index("gpu_tests") == 2 + len(first)
+    assert names.index("gpu_tests") == 2 + len(first) + len(split)
     assert "tests/test_bench.py::test_bench_runs_checks_and_writes_json" in \
         _option(gpu_tests, "--deselect")
     # torch.compile last and alone: nothing after it can wait on a compile.
@@ -170,6 +183,13 @@ def test_the_compile_step_covers_every_kernel_the_bench_steps_launch():
             assert kernel.id in ids
     assert {"cosine_embedding_loss_fused__bf16__128", "cosine_embedding_loss_reduce__f32__1024",
             "cosine_embedding_loss_backward_keep__f32__4096"} <= ids
+    # A split pair brings its first launch; cek.torch at a shape it splits, the split's pairs.
+    assert compile_kernels.kernels_of(["--n-dim", "1048576", "--n-rows", "48", "--kernel",
+                                       "forward-split", "--baseline", "cek-torch"]) == {
+        (name, "f32", 1 << 20) for name in ("forward-split", "split-sums", "fused-split",
+                                            "backward-keep-split", "backward-split", "reduce")}
+    assert {"cosine_embedding_loss_split_sums__bf16__1024",
+            "cosine_embedding_loss_split_backward_keep__f32__1024"} <= ids
 
 
 @pytest.mark.parametrize("name, limit, args", _bench_calls(), ids=lambda v: v if isinstance(v, str) else "")
@@ -210,7 +230,9 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     compiled = [name for name, _, args in _bench_calls() if "compile" in _baselines(args)]
     env = {**os.environ, "OUT": str(out), "CEK_PYTHON": str(python),
            "CEK_PLANT": f"cupy={SLOW_S},torch-compile=hang",
-           **{f"LIMIT_{name}": str(HANG_LIMIT_S) for name in compiled}}
+           **{f"LIMIT_{name}": str(HANG_LIMIT_S) for name in compiled},
+           # the emulator runs the split's 1024-thread blocks far slower than a GPU
+           **{f"LIMIT_{name}": "120" for name, _, _ in _bench_calls() if name.startswith("split_")}}
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr  # the killed step
@@ -262,8 +284,10 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
 
 
 def _shrunk(args: list[str]) -> list[str]:
-    """`cek bench` arguments at one small width: every --n-dim 8, --n-rows 64, --repeat 50."""
-    small = {"--n-dim": "8", "--n-rows": "64", "--repeat": "50"}
+    """`cek bench` arguments at one small width: every --n-dim 8, --n-rows 64 (2 where a split
+    kernel runs: 1024-thread blocks, slow to emulate), --repeat 50."""
+    rows = "2" if any(a.endswith("-split") for a in args) else "64"
+    small = {"--n-dim": "8", "--n-rows": rows, "--repeat": "50"}
     return [small[args[i - 1]] if i and args[i - 1] in small else a for i, a in enumerate(args)]
 
 

@@ -67,13 +67,15 @@ def last_rows_args(kernel, inputs, n_rows, first_row):
         if value is None and spec.optional:
             args.append(None)
             continue
-        shape = tuple(sizes[s] for s in spec.shape)
-        # Per-row arrays are small (np.zeros leaves the pages it does not need untouched too).
-        array = mapped(shape, kernel.arg_dtype(spec)) if len(shape) > 1 else \
-            np.zeros(shape, kernel.arg_dtype(spec))
-        array[first_row:] = np.nan if spec.output else value
+        shape = kernel.arg_shape(spec, n_rows, n_dim)
+        # Per-row arrays are small (np.zeros leaves the pages it does not need untouched too),
+        # the split's partial sums too: S rows of them a row.
+        array = mapped(shape, kernel.arg_dtype(spec)) if len(shape) > 1 and not spec.derived \
+            else np.zeros(shape, kernel.arg_dtype(spec))
+        first = first_row * (shape[0] // n_rows)
+        array[first:] = np.nan if spec.output else value
         if spec.output:
-            outputs[spec.name] = array[first_row:]
+            outputs[spec.name] = array[first:]
         args.append(array)
     return tuple(args), outputs
 
@@ -108,21 +110,63 @@ def address_space():
     del probe
 
 
-@pytest.mark.parametrize("n_dim", DIMS)
-@pytest.mark.parametrize("name", list(kernel_classes()))
-def test_rows_past_element_2_31(address_space, name, n_dim):
-    emulate.load(kernel_classes()[name].for_n_dim(n_dim))  # a compile error shows here, as itself
-    done = subprocess.run([sys.executable, __file__, name, str(n_dim)], capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+def run_split_last_rows(name):
+    """The split pair `name` (float32) on its last 3 rows past element 2^31, four slices a row:
+    the partial sums' last 3*S blocks, then those of the second launch that take those rows (its
+    first 3*S blocks, which run the slices in reverse; a block a row for the forward)."""
+    from cek import cosine_embedding_loss_split as split
+
+    kernel = kernel_classes()[name].for_dtype()
+    n_dim = 3 * split.slice_width("f32") + 5
+    slices, last = split.slices(n_dim, "f32"), 3
+    n_rows = math.ceil(2**31 / n_dim) + last
+    first_row = n_rows - last
+    assert first_row * n_dim >= 2**31 - n_dim
+    inputs = check.make_inputs(last, n_dim, seed=5)
+    inputs["scale"] = 0.5
+    sums_kernel = kernel.first.for_dtype()
+    args, outputs = last_rows_args(sums_kernel, inputs, n_rows, first_row)
+    grid, block, _ = sums_kernel.launch_config(n_rows, n_dim)
+    emulate.load(sums_kernel)(grid, block, args, first_block=first_row * slices)
+    inputs["sums"] = outputs["sums"]
+    args, outputs = last_rows_args(kernel, inputs, n_rows, first_row)
+    grid, block, _ = kernel.launch_config(n_rows, n_dim)
+    per_slice = kernel.per_slice
+    emulate.load(kernel)(grid, block, args, first_block=0 if per_slice else first_row,
+                         blocks=last * slices if per_slice else None)
+    want, size = check.expected(kernel, inputs, MARGIN)
+    return check.compare(outputs, want, size, kernel.dtype)[2]
+
+
+def _in_a_process(*argv):
+    done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
     how = f"crashed ({signal.Signals(-done.returncode).name})" if done.returncode < 0 else \
         f"exited with status {done.returncode}"
-    assert done.returncode == 0, f"{name} n_dim={n_dim} {how}\n{done.stdout}{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{argv} {how}\n{done.stdout}{done.stderr[-4000:]}"
+
+
+ONE_BLOCK = [name for name, cls in kernel_classes().items() if not hasattr(cls, "per_slice")]
+SPLIT = [name for name, cls in kernel_classes().items() if cls.first is not None]
+
+
+@pytest.mark.parametrize("n_dim", DIMS)
+@pytest.mark.parametrize("name", ONE_BLOCK)
+def test_rows_past_element_2_31(address_space, name, n_dim):
+    emulate.load(kernel_classes()[name].for_n_dim(n_dim))  # a compile error shows here, as itself
+    _in_a_process(name, str(n_dim))
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_rows_past_element_2_31(address_space, name):
+    emulate.load(kernel_classes()[name].for_dtype())
+    _in_a_process("split", name)
 
 
 # -- first_block itself ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("schedule", ["forward", "reverse", "random:1"])
-@pytest.mark.parametrize("name", list(kernel_classes()))
+@pytest.mark.parametrize("name", ONE_BLOCK)
 def test_first_block_runs_the_blocks_from_there_on(name, schedule):
     kernel = kernel_classes()[name].for_n_dim(64)
     rows = rows_per_block(kernel, 64)
@@ -152,6 +196,26 @@ def test_bad_first_block_is_rejected_with_its_value():
             launch(grid, block, args, first_block=bad)
 
 
+def test_blocks_runs_that_many_and_no_more():
+    kernel = kernel_classes()["forward"].for_n_dim(64)
+    n_rows = 6
+    inputs = check.make_inputs(n_rows, 64)
+    args, outputs = check.build_args(kernel, inputs, MARGIN)
+    grid, block, _ = kernel.launch_config(n_rows, 64)
+    launch = emulate.load(kernel)
+    launch(grid, block, args, first_block=1, blocks=3)  # rows 1, 2 and 3
+    ran = ~np.isnan(outputs["out"])
+    assert ran.tolist() == [False, True, True, True, False, False]
+    want, size = check.expected(kernel, inputs, MARGIN)
+    assert not check.compare({"out": outputs["out"][ran]}, {"out": want["out"][ran]},
+                             {"out": size["out"][ran]})[2]
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="blocks"):
+            launch(grid, block, args, blocks=bad)
+    with pytest.raises(KernelError, match="blocks 4 .. 6 are past the grid's 6 blocks"):
+        launch(grid, block, args, first_block=4, blocks=3)
+
+
 def test_first_block_needs_the_plain_emulator():
     try:
         sanitized._preload("address")
@@ -160,11 +224,12 @@ def test_first_block_needs_the_plain_emulator():
     kernel = kernel_classes()["backward"].for_n_dim(129)  # the library test_emulate builds
     args, _ = check.build_args(kernel, check.make_inputs(3, 129), MARGIN)
     grid, block, _ = kernel.launch_config(3, 129)
-    with pytest.raises(ValueError, match="first_block=1 needs sanitize=None"):
+    with pytest.raises(ValueError, match="first_block=1, blocks=None need sanitize=None"):
         emulate.load(kernel, sanitize="address")(grid, block, args, first_block=1)
 
 
-if __name__ == "__main__":  # one case of test_rows_past_element_2_31, in its own process
-    failures = run_last_blocks(sys.argv[1], int(sys.argv[2]))
+if __name__ == "__main__":  # one case of the tests past element 2^31, in its own process
+    failures = (run_split_last_rows(sys.argv[2]) if sys.argv[1] == "split"
+                else run_last_blocks(sys.argv[1], int(sys.argv[2])))
     print("\n".join(failures) or "ok")
     sys.exit(1 if failures else 0)

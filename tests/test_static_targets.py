@@ -196,3 +196,43 @@ def test_the_tail_counts_trips_of_the_main_loop():
     first, last = report.reduction_rows("f32", 1 << 20, 128)
     assert (first["grid"][0], first["rows_per_block"], last["rows_per_block"]) == (32, 32768, 32)
     assert (first["reduction"]["tail_round_trips"], last["reduction"]["tail_round_trips"]) == (2, 2)
+
+
+# 8. Few wide rows use the whole GPU: where the launchers split (48 and 8 rows of 2^20, 256 of
+# 32768), every kernel of the split that reads the rows fills at least one wave (each SM holding
+# as many blocks as its occupancy allows), each block's loads in one round. The forward's second
+# launch reads 16 bytes a slice and 4 a row: a block a row, fewer than a wave, and its bytes are
+# a thousandth of the partial sums' (what fills it would be blocks with nothing to read). The
+# one-block-per-row kernels at these shapes run one block an SM: 0.36, 0.06 and 1.94 waves.
+SPLIT_SHAPES = [(48, 1 << 20), (8, 1 << 20), (256, 32768)]
+SPLIT_READERS = ("split-sums", "backward-split", "fused-split", "backward-keep-split")
+
+
+@pytest.mark.parametrize("n_rows, n_dim", SPLIT_SHAPES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("name", SPLIT_READERS)
+def test_the_split_fills_a_wave_with_one_load_round_a_slice(name, dtype, n_rows, n_dim):
+    from cek import cosine_embedding_loss_split as split
+
+    assert split.splits(n_rows, n_dim, dtype)
+    row = facts(name, dtype, n_dim, n_rows)
+    assert row["waves"] >= 1, (row["grid"], row["blocks_per_sm"], row["waves"])
+    assert row["spill_stores"] == row["spill_loads"] == row["local_bytes"] == 0
+    assert row["occupancy"] == 1.0
+    if name == "backward-keep-split":  # dy first, to know whether to read the slice, as
+        assert row["sass"]["load_rounds"] == 2  # backward-keep: its first round is dy alone
+        return
+    assert row["sass"]["load_rounds"] == 1
+    assert row["bytes_in_flight_per_sm"] >= 2 * row["needed_bytes_in_flight_per_sm"]
+
+
+@pytest.mark.parametrize("n_rows, n_dim", SPLIT_SHAPES)
+def test_the_splits_forward_launch_is_a_launch_and_no_more(n_rows, n_dim):
+    row = facts("forward-split", "f32", n_dim, n_rows)
+    sums = kernel_classes()["split-sums"].for_n_dim(n_dim)
+    forward = kernel_classes()["forward-split"].for_n_dim(n_dim)
+    assert row["sass"]["load_rounds"] == 1 and row["grid"][0] == n_rows
+    assert forward.bytes_moved(n_rows, n_dim) <= sums.bytes_moved(n_rows, n_dim) / 1000
+    unsplit = facts("fused", "f32", n_dim, n_rows)  # one block of 1024 a row, one an SM
+    assert unsplit["blocks_per_sm"] == 1
+    assert unsplit["waves"] == pytest.approx(n_rows / report.GPUS["h200"].sms)

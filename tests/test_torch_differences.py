@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402
-from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused  # noqa: E402
+from cek import cosine_embedding_loss_split as split  # noqa: E402
 from test_torch_cuda_glue import CudaLike  # noqa: E402
 
 F = torch.nn.functional
@@ -87,9 +87,9 @@ def different_widths():
 
 
 def long_rows():
-    """A row of 2**20 + 1 elements: torch computes it, cek's CUDA path (a tensor that claims
-    CUDA: the check runs before any kernel) refuses it."""
-    d = CosineEmbeddingLossFused.max_block_size + 1
+    """A row of 2**22 + 1 float32 elements (wider than the split takes): torch computes it,
+    cek's CUDA path (a tensor that claims CUDA: the check runs before any kernel) refuses it."""
+    d = split.max_n_dim("f32") + 1
     x = torch.ones(1, d)
     target = torch.ones(1)
     assert F.cosine_embedding_loss(x, x, target).abs() < 1e-6
@@ -151,7 +151,7 @@ DIFFERENCES = {
     "Integer and bool inputs are converted to the result dtype first; torch forms their products":
         integer_inputs,
     "Inputs of different widths D (one of them 1) are a ValueError": different_widths,
-    "Rows longer than 2**20 elements are a ValueError on CUDA tensors (no kernel for them)":
+    "Rows wider than the kernels take are a ValueError on CUDA tensors":
         long_rows,
     "A tensor margin must be on the CPU (a TypeError otherwise)": tensor_margin_device,
     "A 0-d target on the CPU with (D,) inputs on another device is a TypeError":

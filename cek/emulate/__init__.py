@@ -15,7 +15,9 @@ AddressSanitizer. Every failure found in a kernel is a KernelError, with the ker
 line when known; a source the compiler rejects is a cek.compile.CompileError.
 
 first_block runs blocks first_block.. of the grid (linear index, x fastest), e.g. the last rows
-of a problem too big to fill; plain mode only (a sanitized launch copies whole arrays).
+of a problem too big to fill, and blocks=K only K of them (a kernel whose first blocks take the
+last rows, as the split's gradient kernels do); plain mode only (a sanitized launch copies whole
+arrays).
 
     counts = cek.emulate.traffic(kernel, grid, block, args, shared_mem=smem)
     counts["x1"].reads == (1, 1) and counts["x1"].read == x1.nbytes   # every byte read once
@@ -48,8 +50,9 @@ _FLAVOURS = {None: "plain", "thread": "thread", "address": "address"}
 
 def load(kernel: Kernel, *, sanitize: str | None = None,
          schedule: str = "forward") -> Callable[..., None]:
-    """A launcher `f(grid, block, args, *, shared_mem=0, first_block=0)` for `kernel`, as CuPy's
-    RawKernel has (plus first_block), taking NumPy arrays where the GPU takes CuPy arrays.
+    """A launcher `f(grid, block, args, *, shared_mem=0, first_block=0, blocks=None)` for
+    `kernel`, as CuPy's RawKernel has (plus first_block and blocks: run that many blocks from
+    first_block, None to the grid's end), taking NumPy arrays where the GPU takes CuPy arrays.
     Builds (or finds cached) the library."""
     if sanitize not in _FLAVOURS:
         raise ValueError(f"sanitize must be None, 'thread' or 'address', got {sanitize!r}")
@@ -59,18 +62,22 @@ def load(kernel: Kernel, *, sanitize: str | None = None,
     library = runner.open_library(path) if flavour == "plain" else None
     ctypes_of_args = [kernel.c_type(arg) for arg in kernel.args]
 
-    def launch(grid, block, args: Sequence, *, shared_mem: int = 0, first_block: int = 0) -> None:
+    def launch(grid, block, args: Sequence, *, shared_mem: int = 0, first_block: int = 0,
+               blocks: int | None = None) -> None:
         cast, grid3, block3, smem = _checked(kernel, grid, block, args, shared_mem)
         first = runner.check_first_block(first_block)
-        if library is None and first:
-            raise ValueError(f"first_block={first_block!r} needs sanitize=None: a sanitized "
-                             "launch copies whole arrays")
+        count = 0 if blocks is None else runner.check_first_block(blocks, "blocks")
+        if blocks is not None and count == 0:
+            raise ValueError("blocks must be at least 1, or None for the rest of the grid")
+        if library is None and (first or count):
+            raise ValueError(f"first_block={first_block!r}, blocks={blocks!r} need "
+                             "sanitize=None: a sanitized launch copies whole arrays")
         if library is None:
             sanitized.launch(path, flavour, ctypes_of_args, cast, grid3, block3, smem, order)
             return
         values = [v.ctypes.data if isinstance(v, np.ndarray) else v for v in cast]
         error = library.launch(grid3, block3, runner.arg_values(ctypes_of_args, values), smem,
-                               order, first, interruptible=True)
+                               order, first, interruptible=True, block_count=count)
         if error:
             raise KernelError(error)
 

@@ -51,15 +51,16 @@ def check_shared_mem(shared_mem) -> int:
     return shared_mem
 
 
-def check_first_block(first_block) -> int:
-    """The first block to run; the runtime checks that it is below the grid's number of blocks."""
+def check_first_block(first_block, name: str = "first_block") -> int:
+    """The first block to run (or, name "blocks", how many); the runtime checks them against
+    the grid's number of blocks."""
     try:
         value = operator.index(first_block)
     except TypeError:
         value = -1
     # Past 2^64 ctypes would wrap the value silently into the runtime's unsigned long.
     if isinstance(first_block, bool) or not 0 <= value < 2**64:
-        raise ValueError(f"first_block must be an int in [0, 2^64), got {first_block!r}")
+        raise ValueError(f"{name} must be an int in [0, 2^64), got {first_block!r}")
     return value
 
 
@@ -90,15 +91,16 @@ class Library:
         self._launch.argtypes = [
             ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint),
             ctypes.POINTER(ctypes.c_uint), ctypes.c_ulong, ctypes.c_int, ctypes.c_ulonglong,
-            ctypes.c_ulong, ctypes.c_char_p, ctypes.c_ulong,
+            ctypes.c_ulong, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_ulong,
         ]
         self._dll.cek_stop.argtypes = [ctypes.c_int]
         self._lock = threading.Lock()
 
     def launch(self, grid, block, values: list, shared_mem: int, schedule: tuple[int, int],
-               first_block: int, watch: Sequence[Watched] = (), interruptible: bool = False
-               ) -> str:
-        """Run blocks first_block.. of the grid; `values` from `arg_values`. Returns the
+               first_block: int, watch: Sequence[Watched] = (), interruptible: bool = False,
+               block_count: int = 0) -> str:
+        """Run blocks first_block.. of the grid (block_count of them, 0: to its end); `values`
+        from `arg_values`. Returns the
         runtime's error, "" if none. A traffic library counts the accesses to `watch`.
         interruptible: Ctrl-C stops the launch before its next block (KeyboardInterrupt)."""
         pointers = (ctypes.c_void_p * len(values))(
@@ -109,7 +111,8 @@ class Library:
             if watch and self._dll.cek_traffic_watch(len(watch), (Watched * len(watch))(*watch)):
                 raise ValueError(f"a traffic library watches at most 16 arrays, not {len(watch)}")
             call = (pointers, (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block),
-                    shared_mem, schedule[0], schedule[1], first_block, error, len(error))
+                    shared_mem, schedule[0], schedule[1], first_block, block_count, error,
+                    len(error))
             self._dll.cek_stop(0)  # a stop request ends with the launch it was made for
             try:
                 if interruptible and threading.current_thread() is threading.main_thread():

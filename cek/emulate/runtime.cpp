@@ -540,11 +540,13 @@ static const unsigned kFlushBits = 0;
 static volatile int g_stop;
 EXPORT void cek_stop(int stop) { __atomic_store_n(&g_stop, stop, __ATOMIC_RELAXED); }
 
-// Runs blocks first_block .. n_blocks - 1 (linear indices, x fastest): a test can run the last
-// rows of a problem whose arrays it fills only there.
+// Runs blocks first_block .. first_block + block_count - 1 (linear indices, x fastest; a
+// block_count of 0: to the grid's end): a test can run the blocks that cover the last rows of a
+// problem whose arrays it fills only there.
 EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
                       unsigned long shared_mem, int schedule, unsigned long long seed,
-                      unsigned long first_block, char* error, unsigned long error_size) {
+                      unsigned long first_block, unsigned long block_count, char* error,
+                      unsigned long error_size) {
     g_failed = false;
     g_error[0] = 0;
     const unsigned mxcsr = read_mxcsr();
@@ -559,6 +561,9 @@ EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
     if (first_block >= n_blocks)
         fail(nullptr, 0, "first_block=%lu is not below the grid's %lu blocks", first_block,
              n_blocks);
+    else if (block_count > n_blocks - first_block)
+        fail(nullptr, 0, "blocks %lu .. %lu are past the grid's %lu blocks", first_block,
+             first_block + block_count - 1, n_blocks);
     else if (g_threads < 1 || g_threads > kMaxThreads)
         fail(nullptr, 0, "a block of %d threads is outside [1, %d]", g_threads, kMaxThreads);
     else if (shared_mem > kDynamicSharedCapacity)
@@ -574,7 +579,7 @@ EXPORT int cek_launch(void** args, const unsigned* grid, const unsigned* block,
         // The block order follows the schedule too, so that blocks racing on global memory give
         // different results under different schedules. The random order is b = a*i + c mod n
         // with a coprime to n: a permutation without a table of n entries.
-        const unsigned long n = n_blocks - first_block;
+        const unsigned long n = block_count ? block_count : n_blocks - first_block;
         unsigned long a = 1, c = 0;
         if (schedule == RANDOM && n > 1) {
             do a = 1 + next_random() % (n - 1);
