@@ -12,6 +12,8 @@ one-block-per-row kernel; it and the slices depend on N and D alone, so the bits
 
 from __future__ import annotations
 
+import functools
+
 from cek import dtypes
 from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackward,
                                                 CosineEmbeddingLossBackwardKeep)
@@ -58,8 +60,11 @@ def splits(n_rows: int, n_dim: int, dtype: str) -> bool:
     rows wider than those kernels take (2^20), however many."""
     if n_dim > ONE_BLOCK_MAX_N_DIM:
         return True
-    if not (1 <= n_rows < SPLIT_BELOW_ROWS and 1 <= n_dim):
-        return False
+    return 1 <= n_rows < SPLIT_BELOW_ROWS and 1 <= n_dim and _streamed(n_dim, dtype)
+
+
+@functools.lru_cache(maxsize=1024)  # asked on every step of cek.torch: a training step is host
+def _streamed(n_dim: int, dtype: str) -> bool:  # bound on small batches
     return CosineEmbeddingLossForward(next_power_of_two(n_dim), dtype).streamed
 
 

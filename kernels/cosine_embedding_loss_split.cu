@@ -27,8 +27,8 @@
 //     the sums read last, the ones most likely still in L2.
 //
 // Launch contract: block [1024, 1, 1] (BLOCK_SIZE = 1024); grid [N, 1, 1] for _forward,
-// [N*S, 1, 1] for the others, N*S < 2^31; S <= 1024 (n_dim <= 1024*SLICE: 2^22 floats). sums: [N*S]
-// CekSliceSums, written whole by _sums, read by the second launch.
+// [N*S, 1, 1] for the others, N*S < 2^31; S <= 1024 (n_dim <= 1024*SLICE: 2^22 floats).
+// sums: [N*S] CekSliceSums, written whole by _sums, read by the second launch.
 //
 // Bytes moved (S_T = sizeof(T), A = sizeof(Acc)): _sums reads x1 and x2 and writes 4 A a
 // slice: 2*S_T*N*D + 4*A*N*S. _forward reads the partials and y, writes out: 4*A*N*S + 2*A*N.
@@ -171,10 +171,9 @@ __device__ __forceinline__ void cek_split_store_gradients(T* __restrict__ dx1,
 }
 
 template <int BLOCK_SIZE, typename T = float>
-__device__ void cosine_embedding_loss_split_forward(const CekAcc<T>* __restrict__ y,
-                                                    const CekSliceSums<CekAcc<T>>* __restrict__ sums,
-                                                    CekAcc<T>* __restrict__ out, int n_rows,
-                                                    int n_dim, CekAcc<T> margin) {
+__device__ void cosine_embedding_loss_split_forward(
+    const CekAcc<T>* __restrict__ y, const CekSliceSums<CekAcc<T>>* __restrict__ sums,
+    CekAcc<T>* __restrict__ out, int n_rows, int n_dim, CekAcc<T> margin) {
     static_assert(BLOCK_SIZE == CekSplit<T>::THREADS, "blocks of 1024 threads");
     const int row = blockIdx.x;
     if (row >= n_rows) return;  // uniform

@@ -208,9 +208,25 @@ SPLIT_SHAPES = [(48, 1 << 20), (8, 1 << 20), (256, 32768)]
 SPLIT_READERS = ("split-sums", "backward-split", "fused-split", "backward-keep-split")
 
 
-@pytest.mark.parametrize("n_rows, n_dim", SPLIT_SHAPES)
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("name", SPLIT_READERS)
+# NVRTC 12.0's ptxas moves the float gradient kernels' dy, loaded before the slice, into a
+# uniform register on sm_90, a move that waits for the load, before it issues the slice's loads:
+# 2 rounds. 12.9, 13.0 and 13.5 give 1. Loading dy after the slice gives 1 on 12.0 and 2 for
+# the 16-bit fused kernel on every NVRTC: kept as it is. Strict: the day it holds, this fails.
+PTXAS_12_0_DY_FIRST = pytest.mark.xfail(
+    nvrtc_version() == (12, 0), strict=True,
+    reason="NVRTC 12.0 issues the float split gradient kernels' slice loads after dy arrives")
+
+
+def _split_cases():
+    for name in SPLIT_READERS:
+        for dtype in ("f32", "bf16"):
+            for n_rows, n_dim in SPLIT_SHAPES:
+                late = name in ("backward-split", "fused-split") and dtype == "f32"
+                yield pytest.param(name, dtype, n_rows, n_dim,
+                                   marks=[PTXAS_12_0_DY_FIRST] if late else [])
+
+
+@pytest.mark.parametrize("name, dtype, n_rows, n_dim", list(_split_cases()))
 def test_the_split_fills_a_wave_with_one_load_round_a_slice(name, dtype, n_rows, n_dim):
     from cek import cosine_embedding_loss_split as split
 

@@ -20,7 +20,10 @@ spec.loader.exec_module(host_time)
 # runs) before that, and 1.71 to 2.33 before the launch path was first trimmed. With the mean
 # as a third launch (the reduction of the per-row losses), 0.53 to 0.71, median 0.65, on a
 # busier machine (twelve runs, each beside a run of the two-launch step: 0.59 to 0.66, median
-# 0.62). The bound leaves room for a busier machine and fails at the earlier figures. The
+# 0.62). On the development machine of 2026-12-02 that code gave 0.79, idle (three runs), and
+# 0.80 once in CI beside the NVRTC matrix; with each signature's plan keeping its compiled
+# function, 0.74 to 0.75 (five runs). The bound leaves room for a busier machine and fails at
+# the earlier figures. The
 # issue's aim, a quarter of torch's, is not met: an empty autograd.Function's forward and
 # backward alone take about a fifth of torch's step here (scripts/torch_host_time.py --profile
 # shows the rest).

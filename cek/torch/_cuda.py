@@ -101,12 +101,16 @@ class _Plan:
     the ints and the launch configuration fixed, pointers and float scalars filled per call.
     Pointers go as Python ints, which CuPy passes as 8 bytes (int64), 0 for an absent one.
     The configuration is the one the checked arguments call for (the kernel's problem_size:
-    for the reduction, whether partials are given sets the grid)."""
+    for the reduction, whether partials are given sets the grid). `function` is the compiled
+    kernel on the signature's device (cek.gpu.get_function), looked up once: the lookup hashed
+    the source and asked CuPy for the device on every launch, a few microseconds of a step that
+    is bound by host time on small batches."""
 
-    __slots__ = ("kernel", "config", "args", "pointers", "floats")
+    __slots__ = ("kernel", "config", "args", "pointers", "floats", "function")
 
-    def __init__(self, kernel, checked):
+    def __init__(self, kernel, checked, function):
         self.kernel = kernel
+        self.function = function
         self.config = kernel.launch_config(*kernel.problem_size(checked))
         self.args = [kernel.arg_dtype(a).type(value) if a.ctype == "int" else None
                      for a, value in zip(kernel.args, checked)]
@@ -146,17 +150,19 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
     plan = _plans.get(key)
     with cupy.cuda.Device(device.index):
         if plan is not None:
-            gpu.launch(plan.kernel, *plan.arguments(tensors, scalars), stream=stream,
-                       checked=plan.config)
+            grid, block, shared_mem = plan.config
+            plan.function(grid, block, plan.arguments(tensors, scalars), shared_mem=shared_mem,
+                          stream=stream)
             return
         kernel, names = _kernel(kernel_class, d, x1.dtype)
         views = iter(_views(cupy, kernel, tensors))
         sizes = {"n_rows": n, "n_dim": d, **scalars}
         args = [next(views) if name is None else sizes[name] for name in names]
         gpu.launch(kernel, *args, stream=stream)
+        function = gpu.get_function(kernel)  # this device's, as the launch just used
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    _plans[key] = _Plan(kernel, args)
+    _plans[key] = _Plan(kernel, args, function)
 
 
 def _views(cupy, kernel, tensors):
