@@ -283,10 +283,14 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
     inputs = {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
               "dy": bench.dy if kernel.kind == "backward" else None, "scale": 1.0 / n}
     launches = []
-    for k in launched(kernel, d):
-        args, device_out = check.build_args(k, inputs, margin, xp=cp)
+
+    def launch(k, args):
         launches.append(_checked_launch(cp, k, k.launch_config(n, d), args))
-        inputs = {**inputs, **device_out}  # the partial sums, for the pair's second kernel
+
+    # the split's partial sums first, for a pair's second kernel
+    args, device_out = check.build_args(kernel, check.with_first(kernel, launch, inputs, margin,
+                                                                 xp=cp), margin, xp=cp)
+    launch(kernel, args)
     reduced = None
     if reduction != "none":  # as cek.functional reduces: one launch, or two levels
         reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)

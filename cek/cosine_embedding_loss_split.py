@@ -12,14 +12,11 @@ one-block-per-row kernel; it and the slices depend on N and D alone, so the bits
 
 from __future__ import annotations
 
-import functools
-
 from cek import dtypes
 from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackward,
                                                 CosineEmbeddingLossBackwardKeep)
-from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForward
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.kernel import Arg, Kernel, _is_int, next_power_of_two
+from cek.kernel import Arg, Kernel, _is_int, register_path_width
 
 THREADS = 1024
 ONE_BLOCK_MAX_N_DIM = 1 << 20  # the widest row of the one-block-per-row kernels
@@ -36,6 +33,8 @@ ONE_BLOCK_MAX_N_DIM = 1 << 20  # the widest row of the one-block-per-row kernels
 SPLIT_BELOW_ROWS = 512
 SUMS = ("n_rows", "n_dim")  # what a workspace of partials depends on (Kernel.derived_shape)
 CHUNKS = 1  # CekSplit<T>::CHUNKS: the chunk pairs of a slice each thread holds
+# The widest row one block a row holds in registers, by dtype: the streamed path is above it.
+_STREAMED_ABOVE = {name: register_path_width(name) for name in dtypes.DTYPES}
 
 
 def slice_width(dtype: str) -> int:
@@ -46,6 +45,12 @@ def slice_width(dtype: str) -> int:
 def slices(n_dim: int, dtype: str) -> int:
     """Slices of a row of n_dim elements: S = ceil(n_dim / slice_width)."""
     return -(-int(n_dim) // slice_width(dtype))
+
+
+def partials_shape(n_rows: int, n_dim: int, dtype: str) -> tuple[int, int]:
+    """The shape of the partial sums of an n_rows x n_dim problem: [n_rows * S, 4] of the
+    accumulation dtype (sq1, sq2, dot, far), the workspace a pair's two launches share."""
+    return (n_rows * slices(n_dim, dtype), 4)
 
 
 def max_n_dim(dtype: str) -> int:
@@ -60,12 +65,9 @@ def splits(n_rows: int, n_dim: int, dtype: str) -> bool:
     rows wider than those kernels take (2^20), however many."""
     if n_dim > ONE_BLOCK_MAX_N_DIM:
         return True
-    return 1 <= n_rows < SPLIT_BELOW_ROWS and 1 <= n_dim and _streamed(n_dim, dtype)
-
-
-@functools.lru_cache(maxsize=1024)  # asked on every step of cek.torch: a training step is host
-def _streamed(n_dim: int, dtype: str) -> bool:  # bound on small batches
-    return CosineEmbeddingLossForward(next_power_of_two(n_dim), dtype).streamed
+    # comparisons and a lookup: torch.compile traces this (cek.torch's checks) with symbolic
+    # sizes, and cek.torch asks on every step
+    return 1 <= n_rows < SPLIT_BELOW_ROWS and n_dim > _STREAMED_ABOVE[dtype]
 
 
 def blocks_per_row(n_rows: int, n_dim: int, dtype: str) -> int:
@@ -75,13 +77,13 @@ def blocks_per_row(n_rows: int, n_dim: int, dtype: str) -> int:
 
 class SplitRows:
     """Mixin of the split kernels: 1024 threads a block (BLOCK_SIZE), one instance per dtype
-    for rows of any width up to 2^20, a block per slice (`per_slice`) or per row."""
+    for rows of any width up to max_n_dim, a block per slice (`per_slice`) or per row."""
 
     max_block_size = THREADS
     source_file = "cosine_embedding_loss_split.cu"
     per_slice = True  # grid [n_rows * S]; the forward's second launch: [n_rows]
     launch_contract = ("block [1024, 1, 1]; a row of n_dim elements is S = ceil(n_dim / SLICE) "
-                       "slices (SLICE: 8192 floats or 16-bit values, 4096 doubles); grid "
+                       "slices (SLICE: 4096 floats, 8192 16-bit values, 2048 doubles); grid "
                        "[n_rows * S, 1, 1], a block a slice")
 
     def __init__(self, block_size: int = THREADS, dtype: str = "f32"):
@@ -150,15 +152,16 @@ class SplitRows:
         return (blocks, 1, 1), (THREADS, 1, 1), 0
 
     def derived_shape(self, spec: Arg, n_rows: int, n_dim: int) -> tuple[int, ...]:
-        """The partials: [n_rows * S, 4] of the accumulation dtype (sq1, sq2, dot, far)."""
-        return (n_rows * self.slices(n_dim), 4)
+        """The partials (partials_shape): the one derived argument, `sums`."""
+        return partials_shape(n_rows, n_dim, self.dtype)
 
     def derived_rule(self, spec: Arg) -> str:
         return f"(n_rows * ceil(n_dim / {self.slice_width}), 4)"
 
     def workspace_bytes(self, n_rows: int, n_dim: int) -> int:
         """Bytes of the partials of an n_rows x n_dim problem."""
-        return 4 * n_rows * self.slices(n_dim) * dtypes.get(self.dtype).acc.itemsize
+        rows, width = partials_shape(n_rows, n_dim, self.dtype)
+        return rows * width * dtypes.get(self.dtype).acc.itemsize
 
 
 def _sums_arg(output: bool) -> Arg:

@@ -361,9 +361,8 @@ def _split_sums(cupy, x1, x2, dtype):
     n, d = x1.shape
     if not split.splits(n, d, dtype):
         return None
-    kernel = split.CosineEmbeddingLossSplitSums.for_n_dim(d, dtype)
-    sums = cupy.empty(kernel.derived_shape(None, n, d), dtype=dtypes.get(dtype).acc)
-    gpu.launch(kernel, x1, x2, sums, n, d)
+    sums = cupy.empty(split.partials_shape(n, d, dtype), dtype=dtypes.get(dtype).acc)
+    gpu.launch(split.CosineEmbeddingLossSplitSums.for_n_dim(d, dtype), x1, x2, sums, n, d)
     return sums
 
 

@@ -55,6 +55,13 @@ class Arg:
         return self.ctype.endswith("*")
 
 
+def register_path_width(dtype: str) -> int:
+    """The widest row one block holds in registers (CekTiling::STREAMED above it): 4096 chunks,
+    2048 for 2-byte types, whose conversions need registers too; 16384 elements, 8192 doubles."""
+    d = dtypes.get(dtype)
+    return (4096 if d.array.itemsize >= 4 else 2048) * d.vec
+
+
 def next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -234,8 +241,7 @@ class Kernel:
     def streamed(self) -> bool:
         """True when a row is too wide for registers and 1024 threads loop over it: above 4096
         chunks per row, 2048 for 2-byte types (16384 elements; 8192 doubles)."""
-        max_chunks = 4096 if dtypes.get(self.dtype).array.itemsize >= 4 else 2048
-        return self.row_chunks > max_chunks
+        return self.block_size > register_path_width(self.dtype)
 
     @property
     def runs_twin_code(self) -> bool:

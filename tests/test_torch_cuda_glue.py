@@ -423,6 +423,27 @@ def test_compiled_step_on_cuda_tensors(cuda):
         _close(got.detach(), ref, "f32", "grad", size)
 
 
+def test_compiled_steps_of_changing_shapes_trace_the_split_choice(cuda):
+    """torch.compile(fullgraph=True, dynamic=True) over shapes one block a row takes and one it
+    splits: the checks that choose (cek.cosine_embedding_loss_split.splits) trace on symbolic
+    sizes without a warning (an lru_cache there made dynamo warn), and each step launches the
+    kernels of its shape."""
+    import warnings
+
+    torch._dynamo.reset()
+    step = torch.compile(lambda a, b, t: ct.cosine_embedding_loss(a, b, t, 0.1),
+                         fullgraph=True, backend="eager", dynamic=True)
+    for n, d, first in ((7, 33, "cosine_embedding_loss_forward_rows"),
+                        (3, 20000, SPLIT_SUMS)):
+        x1, x2, y = _torch_inputs(n, d, "f32", seed=12)
+        c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
+        cuda.launches.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            step(c1, c2, y.as_subclass(CudaLike)).backward()
+        assert cuda.ids()[0].split("__")[0] == first
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("d", [33, 768])

@@ -47,12 +47,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch
 
 from cek import cosine_embedding_loss_split as split
 from cek import validate
-from cek.torch import _composite, _ops
+from cek.torch import _composite, _cuda, _ops
 
 __all__ = ["CosineEmbeddingLoss", "ShapeError", "cosine_embedding_loss"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KERNEL_DTYPES = dict(zip(_FLOATS, ("f16", "bf16", "f32", "f64")))
 _HALVES = (torch.float16, torch.bfloat16)
 
 
@@ -265,7 +264,7 @@ def _plan(input1, input2, target):
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
     if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
-        n, d, kernel_dtype = rows[0] if rows else 1, shape1[-1], _KERNEL_DTYPES[dtype]
+        n, d, kernel_dtype = rows[0] if rows else 1, shape1[-1], _cuda.KERNEL_DTYPES[dtype]
         validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
                                    split.blocks_per_row(n, d, kernel_dtype))
     shape = (*rows, shape1[-1])

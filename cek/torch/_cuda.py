@@ -36,7 +36,7 @@ from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.cosine_embedding_loss_reduce import THREADS as REDUCE_THREADS
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 
-_KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
+KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
                   torch.float64: "f64"}
 
 
@@ -75,14 +75,14 @@ def _to(tensor, dtype):
 def _kernel(kernel_class, n_dim, dtype):
     """(kernel for rows of n_dim, its argument names with None for each pointer): one instance
     per class, block size and dtype, so its memoized source and checks are found, not built."""
-    block_size = kernel_class.for_n_dim(n_dim, _KERNEL_DTYPES[dtype]).block_size
+    block_size = kernel_class.for_n_dim(n_dim, KERNEL_DTYPES[dtype]).block_size
     kernel = _instance(kernel_class, block_size, dtype)
     return kernel, tuple(None if a.is_pointer else a.name for a in kernel.args)
 
 
 @functools.lru_cache(maxsize=None)
 def _instance(kernel_class, block_size, dtype):  # at most 21 block sizes x 4 dtypes a class
-    return kernel_class(block_size, _KERNEL_DTYPES[dtype])
+    return kernel_class(block_size, KERNEL_DTYPES[dtype])
 
 
 class _StreamHandle:
@@ -179,10 +179,10 @@ def _partials(x1, a1, a2):
     current stream, written by CosineEmbeddingLossSplitSums; None where the one-block-per-row
     kernels run instead (cek.cosine_embedding_loss_split.splits: a few wide rows split)."""
     n, d = a1.shape
-    dtype = _KERNEL_DTYPES[x1.dtype]
+    dtype = KERNEL_DTYPES[x1.dtype]
     if n == 0 or not split.splits(n, d, dtype):
         return None
-    sums = a1.new_empty((n * split.slices(d, dtype), 4), dtype=_accumulation(x1.dtype))
+    sums = a1.new_empty(split.partials_shape(n, d, dtype), dtype=_accumulation(x1.dtype))
     _launch(split.CosineEmbeddingLossSplitSums, x1, (a1, a2, sums), n, d)
     return sums
 
