@@ -1,23 +1,32 @@
 """Compile a Kernel to PTX and CUBIN with NVRTC, without a GPU or a driver.
 
-NVRTC needs no device: `cuda.bindings.nvrtc` (NVIDIA's cuda-python) with the `nvidia-cuda-nvrtc`
-library compiles for any `sm_XX` here. CuPy's public compile path asks the device for its
-architecture and so cannot serve a GPU-free compile. ptxas's `-v` report, in the program log,
-gives registers, spills, stack and shared memory.
+NVRTC needs no device: it compiles for any `sm_XX` here. CuPy's public compile path asks the
+device for its architecture and so cannot serve a GPU-free compile; its NVRTC binding can.
+ptxas's `-v` report, in the program log, gives registers, spills, stack and shared memory.
 
 The compile is CuPy's: `nvrtc_options` is the list a `cupy.RawModule` built from
 `LOADER_OPTIONS` hands NVRTC for the same architecture (less CuPy's include directories, which
 cek's self-contained sources never search), so `cek compile` and its report read the cubin a
-launch gets. tests/test_compile.py captures CuPy's own list and SASS to hold this true.
+launch gets. tests/test_nvrtc.py captures CuPy's own list and SASS to hold this true.
+
+The NVRTC is CuPy's where CuPy is installed (`cupy.cuda.nvrtc`: the very library CuPy's
+launches compile with, 12.x for CuPy for CUDA 12); without CuPy, NVIDIA's binding
+(`cuda.bindings.nvrtc`) with the `nvidia-cuda-nvrtc` wheel, the `nvrtc` extra. cek never
+installs an NVRTC beside CuPy's: one of another CUDA major would be loaded by every CuPy
+compile in that environment, cek's and the user's own.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from cek.kernel import Kernel
+if TYPE_CHECKING:
+    from cek.kernel import Kernel
 
 # What cek hands cupy.RawModule. -lineinfo costs no instruction and lets nvdisasm -g name the
 # source line of every instruction (the report reads it).
@@ -83,14 +92,109 @@ class CompileResult:
         return row
 
 
-def _nvrtc():
+def nvrtc_wheel(major: int) -> str:
+    """The wheel that brings NVRTC `major`.x: its name changed with CUDA 13."""
+    return "nvidia-cuda-nvrtc-cu12" if major == 12 else "nvidia-cuda-nvrtc"
+
+
+NO_NVRTC = ("cek compile needs NVRTC: with CuPy, the one CuPy loads (pip install '.[cuda12]' or "
+            "'.[cuda13]', by the CUDA version nvidia-smi shows); without CuPy, pip install "
+            "'.[nvrtc]'")
+
+
+class _CupyNvrtc:
+    """CuPy's NVRTC binding (cupy.cuda.nvrtc): the library CuPy's own compiles load."""
+
+    name = "CuPy's"
+
+    def __init__(self, nvrtc, runtime):
+        self._nvrtc = nvrtc
+        self._runtime = runtime  # CuPy's CUDA runtime API: which CUDA it was built for
+
+    def version(self) -> tuple[int, int]:
+        try:
+            major, minor = self._nvrtc.getVersion()
+        except Exception as exc:  # no libnvrtc found (cuda.pathfinder's DynamicLibNotFoundError)
+            raise RuntimeError(f"CuPy cannot load an NVRTC ({str(exc).strip()}): pip install "
+                               f"{self._wheel()}") from exc
+        return int(major), int(minor)
+
+    def upgrade(self) -> str:
+        return f"pip install -U {self._wheel()} (the NVRTC CuPy loads)"
+
+    def _wheel(self) -> str:
+        """The NVRTC wheel of CuPy's own CUDA major, whatever NVRTC it found instead."""
+        return nvrtc_wheel(self._runtime.runtimeGetVersion() // 1000)
+
+    def compile(self, source: str, name: str, options: list[str]) -> tuple[str, str, bytes] | str:
+        """(log, ptx, cubin), or the log alone when NVRTC refused the source."""
+        nvrtc = self._nvrtc
+        prog = nvrtc.createProgram(source, name, (), ())
+        try:
+            try:
+                nvrtc.compileProgram(prog, options)
+            except nvrtc.NVRTCError:
+                return nvrtc.getProgramLog(prog).rstrip("\0")
+            ptx = nvrtc.getPTX(prog).rstrip(b"\0").decode()
+            return nvrtc.getProgramLog(prog).rstrip("\0"), ptx, whole_elf(nvrtc.getCUBIN(prog))
+        finally:
+            nvrtc.destroyProgram(prog)
+
+
+class _BindingsNvrtc:
+    """NVIDIA's binding (cuda.bindings.nvrtc), which loads the nvidia-cuda-nvrtc wheel's library:
+    cek's own NVRTC, for a machine without CuPy."""
+
+    name = "cuda-bindings'"
+
+    def __init__(self, nvrtc):
+        self._nvrtc = nvrtc
+
+    def version(self) -> tuple[int, int]:
+        try:
+            major, minor = _check(self._nvrtc.nvrtcVersion(), "nvrtcVersion")
+        except RuntimeError as exc:  # the binding is there, the library is not
+            raise RuntimeError(f"{NO_NVRTC} ({str(exc).strip()})") from exc
+        return int(major), int(minor)
+
+    def upgrade(self) -> str:
+        return "pip install -U nvidia-cuda-nvrtc"
+
+    def compile(self, source: str, name: str, options: list[str]) -> tuple[str, str, bytes] | str:
+        """(log, ptx, cubin), or the log alone when NVRTC refused the source."""
+        nvrtc = self._nvrtc
+        prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
+                      "nvrtcCreateProgram")
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+            log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
+            log = log.rstrip(b"\0").decode()
+            if int(err) != 0:
+                return log
+            ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
+            cubin = _read(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+            return log, ptx.rstrip(b"\0").decode(), cubin
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+
+@functools.cache
+def _nvrtc() -> _CupyNvrtc | _BindingsNvrtc:
+    """CuPy's NVRTC where CuPy is installed, so that cek compiles with the library CuPy's
+    launches compile with, whichever CUDA major; else cuda-bindings' (the `nvrtc` extra)."""
+    if importlib.util.find_spec("cupy_backends") is not None:  # CuPy's wheel, not a stand-in
+        try:
+            from cupy_backends.cuda.api import runtime
+            from cupy_backends.cuda.libs import nvrtc
+        except Exception:  # noqa: BLE001 - a CuPy that cannot load compiles nothing to match
+            pass
+        else:
+            return _CupyNvrtc(nvrtc, runtime)
     try:
         from cuda.bindings import nvrtc
-    except ImportError as exc:  # pragma: no cover - the package is a dependency
-        raise RuntimeError(
-            "compiling needs cuda-python's NVRTC binding: pip install cuda-bindings nvidia-cuda-nvrtc"
-        ) from exc
-    return nvrtc
+    except ImportError:
+        raise RuntimeError(NO_NVRTC) from None
+    return _BindingsNvrtc(nvrtc)
 
 
 def _check(result, what: str):
@@ -107,10 +211,29 @@ def _read(nvrtc, prog, size_fn, get_fn) -> bytes:
     return buf
 
 
+def whole_elf(image: bytes) -> bytes:
+    """CuPy's binding reads NVRTC's cubin one byte short (its last, a NUL): the driver loads it
+    all the same, nvdisasm wants the file whole. An ELF64 ends with its section or program
+    header table, whichever comes last; an image of any other length is returned as it is."""
+    def field(at, size):
+        return int.from_bytes(image[at:at + size], "little")
+
+    if image[:4] != b"\x7fELF":
+        return image
+    end = max(field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2),   # section headers
+              field(0x20, 8) + field(0x36, 2) * field(0x38, 2))   # program headers
+    return image + b"\0" if end == len(image) + 1 else image
+
+
 def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library cek compiles with."""
-    major, minor = _check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
-    return int(major), int(minor)
+    """(major, minor) of the NVRTC cek compiles with (nvrtc_provider says whose binding); a
+    RuntimeError that says what to install when there is none."""
+    return _nvrtc().version()
+
+
+def nvrtc_provider() -> str:
+    """Whose NVRTC cek compiles with: "CuPy's" or "cuda-bindings'"."""
+    return _nvrtc().name
 
 
 def _number(pattern: str, log: str) -> int:
@@ -122,24 +245,14 @@ def compile_kernel(kernel: Kernel, arch: str = "sm_90", options: tuple[str, ...]
     """Compile `kernel.source` for `arch` (a real architecture such as sm_80 or sm_90)."""
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise ValueError(f"arch must look like sm_90, got {arch!r}")
-    nvrtc = _nvrtc()
+    binding = _nvrtc()
     start = time.perf_counter()
-    prog = _check(
-        nvrtc.nvrtcCreateProgram(kernel.source.encode(), f"{kernel.id}.cu".encode(), 0, [], []),
-        "nvrtcCreateProgram",
-    )
-    try:
-        # -Xptxas -v only prints ptxas's resource report (tests compare the SASS with CuPy's).
-        opts = [*nvrtc_options(arch), *options, "-Xptxas", "-v"]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
-        log = log.rstrip(b"\0").decode()
-        if int(err) != 0:
-            raise CompileError(kernel.id, log, nvrtc_version())
-        ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0").decode()
-        cubin = _read(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    # -Xptxas -v only prints ptxas's resource report (tests compare the SASS with CuPy's).
+    out = binding.compile(kernel.source, f"{kernel.id}.cu",
+                          [*nvrtc_options(arch), *options, "-Xptxas", "-v"])
+    if isinstance(out, str):
+        raise CompileError(kernel.id, out, binding.version(), binding.upgrade())
+    log, ptx, cubin = out
     return CompileResult(
         kernel_id=kernel.id,
         arch=arch,

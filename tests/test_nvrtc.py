@@ -1,15 +1,23 @@
 """compile tier: one compile, CuPy's, and every kernel on the NVRTC this environment has.
 
 `cek compile` and its report must read the cubin a launch gets: CuPy's RawModule compiles with
-the options it adds itself, and an NVRTC before 13.2 rejects the kernels without one of them.
+the options it adds itself, and an NVRTC before 13.2 rejects the kernels without one of them;
+and where CuPy is installed, cek compiles with the NVRTC CuPy loads, never one of its own.
 The smoke below runs in the main environment and in CI's venv of every NVRTC of
 .ci/nvrtc-matrix.txt (`.ci/nvrtc_smoke`), where the exact-count tests skip (tests/conftest.py).
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
+from cek import compile as cek_compile
 from cek.compile import (LOADER_OPTIONS, OLDEST_TESTED_NVRTC, CompileError, compile_kernel,
-                         nvrtc_options, nvrtc_version)
+                         nvrtc_options, nvrtc_provider, nvrtc_version, whole_elf)
 from cek.dtypes import DTYPES
 from cek.kernel import kernel_classes
 
@@ -91,29 +99,18 @@ def cupy_compile(monkeypatch):
 
     monkeypatch.setattr(compiler._NVRTCProgram, "compile", record)
 
-    def compile_like_raw_module(kernel):
+    def compile_like_raw_module(kernel, arch="sm_90"):
+        seen.clear()
         try:
-            cupy._core.core.compile_with_cache(kernel.source, LOADER_OPTIONS, arch="90",
+            cupy._core.core.compile_with_cache(kernel.source, LOADER_OPTIONS,
+                                               arch=arch.removeprefix("sm_"),
                                                prepend_cupy_headers=False)
         except cupy.cuda.runtime.CUDARuntimeError:
             pass  # loading the module needs a driver; the compile is done by then
         [(options, cubin)] = [(o, c) for src, o, c in seen if src == kernel.source]
-        return options, _whole_elf(cubin)
+        return options, whole_elf(cubin)
 
     return compile_like_raw_module
-
-
-def _whole_elf(image: bytes) -> bytes:
-    """CuPy reads NVRTC's cubin as a C string, dropping its last byte (a NUL): the driver loads
-    it all the same, nvdisasm wants the file whole. An ELF64 ends with its section or program
-    header table, whichever comes last."""
-    def field(at, size):
-        return int.from_bytes(image[at:at + size], "little")
-
-    end = max(field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2),   # section headers
-              field(0x20, 8) + field(0x36, 2) * field(0x38, 2))   # program headers
-    assert image[:4] == b"\x7fELF" and 0 <= end - len(image) <= 1, (len(image), end)
-    return image.ljust(end, b"\0")
 
 
 @pytest.mark.parametrize("name, dtype, n_dim", CUPY_CASES)
@@ -125,12 +122,11 @@ def test_cek_compile_is_cupys_compile(cupy_compile, name, dtype, n_dim):
     # CuPy's include directories are searched for nothing: cek's sources include only their
     # own headers, inlined by cek.sources.
     assert tuple(o for o in options if not o.startswith("-I")) == nvrtc_options("sm_90")
+    # One compiler: where CuPy is installed, cek compiles with the NVRTC CuPy loads.
+    assert (nvrtc_provider(), nvrtc_version()) == (
+        "CuPy's", tuple(pytest.importorskip("cupy").cuda.nvrtc.getVersion()))
     if find_nvdisasm() is None:
-        pytest.skip("nvdisasm not installed: options compared, SASS not")
-    cupys = tuple(pytest.importorskip("cupy").cuda.nvrtc.getVersion())
-    if cupys != nvrtc_version():  # CuPy for CUDA 12 beside cek's NVRTC 13: two compilers
-        pytest.skip(f"CuPy compiles with NVRTC {cupys}, cek with {nvrtc_version()}: options "
-                    "compared, SASS not")
+        pytest.skip("nvdisasm not installed: options and compiler compared, SASS not")
     assert disassemble(cubin) == disassemble(compile_kernel(kernel, "sm_90").cubin)
 
 
@@ -151,3 +147,79 @@ def test_a_cupy_compile_error_names_cupys_nvrtc_and_its_wheel():
     cupy = pytest.importorskip("cupy")
     if hasattr(cupy.cuda, "nvrtc"):  # the real CuPy reads its NVRTC without a device
         assert gpu._cupy_nvrtc(cupy)[0] == tuple(cupy.cuda.nvrtc.getVersion())
+
+
+# -- which NVRTC cek compiles with ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python with cek from this checkout and `modules` unimportable, as on a
+    machine where they are not installed."""
+    block = "".join(f"sys.modules[{name!r}] = None; " for name in modules)
+    return subprocess.run([sys.executable, "-c", f"import sys; {block}{code}"],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_where_cupy_is_installed_cek_compiles_with_cupys_nvrtc():
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    assert nvrtc_provider() == "CuPy's"
+    assert nvrtc_version() == tuple(nvrtc.getVersion())
+
+
+def test_without_cupy_cek_compiles_with_its_own_nvrtc():
+    bindings = pytest.importorskip("cuda.bindings.nvrtc")
+    _, major, minor = bindings.nvrtcVersion()
+    proc = _without(("cupy", "cupy_backends"), (
+        "from cek.compile import compile_kernel, nvrtc_provider, nvrtc_version; "
+        "from cek.kernel import kernel_classes; "
+        "cubin = compile_kernel(kernel_classes()['fused'].for_n_dim(768, 'f32')).cubin; "
+        "print(nvrtc_provider(), *nvrtc_version(), cubin[:4] == b'\\x7fELF')"))
+    assert proc.stdout.split() == ["cuda-bindings'", str(major), str(minor), "True"], proc.stderr
+
+
+def test_without_any_nvrtc_the_error_says_what_to_install():
+    proc = _without(("cupy", "cupy_backends", "cuda", "cuda.bindings"),
+                    "from cek.compile import nvrtc_version; nvrtc_version()")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == f"RuntimeError: {cek_compile.NO_NVRTC}"
+    assert "pip install '.[nvrtc]'" in cek_compile.NO_NVRTC
+
+
+@pytest.mark.parametrize("runtime, wheel", [(12090, "nvidia-cuda-nvrtc-cu12"),
+                                            (13020, "nvidia-cuda-nvrtc")])
+def test_a_cupy_without_an_nvrtc_names_the_wheel_of_its_cuda(runtime, wheel):
+    def not_found():
+        raise OSError('Failure finding "libnvrtc.so.13 or libnvrtc.so.12"')
+
+    cupys = cek_compile._CupyNvrtc(SimpleNamespace(getVersion=not_found),
+                                   SimpleNamespace(runtimeGetVersion=lambda: runtime))
+    with pytest.raises(RuntimeError) as info:
+        cupys.version()
+    assert str(info.value) == ('CuPy cannot load an NVRTC (Failure finding "libnvrtc.so.13 or '
+                               f'libnvrtc.so.12"): pip install {wheel}')
+    # an NVRTC older than CuPy's CUDA (a system toolkit's 11.8): the upgrade is of CuPy's major
+    old = cek_compile._CupyNvrtc(SimpleNamespace(getVersion=lambda: (11, 8)),
+                                 SimpleNamespace(runtimeGetVersion=lambda: runtime))
+    assert old.upgrade() == f"pip install -U {wheel} (the NVRTC CuPy loads)"
+
+
+def test_cupys_binding_gives_the_bytes_cuda_bindings_gives():
+    """CuPy's binding reads the cubin one byte short; cek.compile makes it whole, so that
+    nvdisasm reads the file NVRTC wrote, whichever binding compiled it."""
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    runtime = pytest.importorskip("cupy_backends.cuda.api.runtime")
+    cupys = cek_compile._CupyNvrtc(nvrtc, runtime)
+    own = cek_compile._BindingsNvrtc(pytest.importorskip("cuda.bindings.nvrtc"))
+    if cupys.version() != own.version():
+        pytest.skip(f"two NVRTC libraries here ({cupys.version()}, {own.version()})")
+    kernel = kernel_classes()["fused"].for_n_dim(768, "bf16")
+    options = [*nvrtc_options("sm_90"), "-Xptxas", "-v"]
+    log, ptx, cubin = cupys.compile(kernel.source, f"{kernel.id}.cu", options)
+    own_log, own_ptx, own_cubin = own.compile(kernel.source, f"{kernel.id}.cu", options)
+    assert (ptx, cubin) == (own_ptx, own_cubin)
+    # ptxas's report alike, but for the time it took
+    assert log.splitlines()[:-1] == own_log.splitlines()[:-1] and "Compile time" in log
+    assert whole_elf(cubin) == cubin  # whole already: nothing added twice

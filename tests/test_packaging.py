@@ -1,5 +1,7 @@
-"""cpu tier: a built wheel carries kernels/ and works when installed without the source tree."""
+"""cpu tier: a built wheel carries kernels/ and works when installed without the source tree;
+its dependencies give CuPy the NVRTC of its own CUDA, and CI installs what the README says."""
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -41,3 +43,42 @@ def test_installed_wheel_finds_its_kernels_outside_the_checkout(wheel, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == str(target / "cek" / "_kernels")
     assert "cek_row.cuh" in result.stdout
+
+
+def _requirements(wheel) -> dict[str, set[str]]:
+    """The names the wheel's metadata requires, by extra ("" for the base install)."""
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    by_extra: dict[str, set[str]] = {}
+    for requirement in re.findall(r"^Requires-Dist: (.+)$", text, re.M):
+        extra = re.search(r"""extra == ['"]([\w-]+)['"]""", requirement)
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)[0].lower()
+        by_extra.setdefault(extra[1] if extra else "", set()).add(name)
+    return by_extra
+
+
+def test_no_install_line_brings_an_nvrtc_of_another_cuda(wheel):
+    """CuPy loads the newest NVRTC it finds: an NVRTC 13 beside CuPy for CUDA 12 would compile,
+    for every CuPy user of the environment, code that a 12.x driver cannot load."""
+    requires = _requirements(wheel)
+    assert not {n for n in requires[""] if n.startswith(("nvidia-", "cuda-"))}  # the base: none
+    cuda12, cuda13 = requires[""] | requires["cuda12"], requires[""] | requires["cuda13"]
+    assert {"cupy-cuda12x", "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"} <= cuda12
+    assert not {n for n in cuda12 if n.startswith("nvidia-") and not n.endswith("-cu12")}
+    assert {"cupy-cuda13x", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime"} <= cuda13
+    assert not {n for n in cuda13 if n.endswith("-cu12")}
+    for extra in ("torch", "plot", "sass", "test"):  # these go beside either
+        assert not {n for n in requires[extra] if "nvrtc" in n or n.startswith("cupy")}, extra
+    assert {"cuda-bindings", "nvidia-cuda-nvrtc"} == requires["nvrtc"]
+
+
+def test_the_readme_install_lines_are_the_ones_ci_runs():
+    """Each `pip install '.[...]'` of the README's Install is a line of .ci/driver-only.txt,
+    which installs it on a simulated host with only the driver."""
+    readme = (ROOT / "README.md").read_text()
+    install = readme[readme.index("## Install"):readme.index("\n## ", readme.index("## Install"))]
+    shown = set(re.findall(r"pip install '\.\[([\w,]+)\]'", install))
+    ci = {line.split()[2] for line in (ROOT / ".ci" / "driver-only.txt").read_text().splitlines()
+          if line.strip() and not line.startswith("#")}
+    assert shown == ci == {"cuda12", "cuda13", "nvrtc", "cuda12,torch"}
