@@ -14,6 +14,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,8 @@ import click
 
 import cek
 from cek import check
+from cek import cosine_embedding_loss_split as split
+from cek import compile as compile_module
 from cek.compile import CompileError
 from cek.dtypes import DTYPES
 from cek.gpu import NoDeviceError
@@ -107,7 +110,7 @@ class Cli(click.Group):
                 raise
             raise _os_error(exc) from exc
         except (ValueError, TypeError, OverflowError) as exc:  # a user's value the library refused
-            raise click.UsageError(str(exc)) from exc
+            raise click.UsageError(str(exc), self._command_context(ctx)) from exc
         except (NoDeviceError, CompileError, check.CaseError, ImportError, MemoryError) as exc:
             raise click.ClickException(_failure_message(exc)) from exc
         try:
@@ -117,6 +120,13 @@ class Cli(click.Group):
                 raise
             raise _stdout_failed(exc) from exc
         return result
+
+    def _command_context(self, ctx: click.Context) -> click.Context:
+        """A context of the command that ran, for the usage line click prints above a usage
+        error: the command's own context is closed by the time its exception gets here."""
+        name = ctx.invoked_subcommand
+        command = self.get_command(ctx, name) if name else None
+        return ctx if command is None else click.Context(command, info_name=name, parent=ctx)
 
 
 def _stderr_is_terminal() -> bool:
@@ -168,11 +178,47 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _check_widths(names: list[str], dtype_names: list[str], n_dims) -> None:
+    """Refuse, before any work, an --n-dim that a chosen kernel does not take in a chosen dtype:
+    the library's reason, the kernels that refuse it, and for a row wider than one block takes
+    (2^20), the split kernels, which take it."""
+    classes = kernel_classes()
+    for n_dim in n_dims:
+        refused: dict[str, dict[str, None]] = {}  # the library's reason: the kernels, once each
+        for name in names:
+            for dtype in dtype_names:
+                try:
+                    classes[name].for_n_dim(n_dim, dtype)
+                except ValueError as exc:
+                    refused.setdefault(str(exc), {})[name] = None
+        if refused:
+            reason, kernels = next(iter(refused.items()))
+            if n_dim >= 1:  # too wide: which kernels, and which take it
+                reason = f"{', '.join(kernels)}: {reason}{_split_hint(kernels)}"
+            raise click.BadParameter(reason, param_hint="'--n-dim'")
+
+
+def _split_hint(refusing) -> str:
+    """Where a one-block kernel refuses a wide row: the split kernels and the widest row they
+    take in each dtype (2^22 floats, 2^23 16-bit values, 2^21 doubles)."""
+    classes = kernel_classes()
+    splits = [name for name, cls in classes.items() if issubclass(cls, split.SplitRows)]
+    if all(name in splits for name in refusing):
+        return ""
+    by_width: dict[int, list[str]] = {}
+    for dtype in DTYPE_NAMES:
+        by_width.setdefault(split.max_n_dim(dtype), []).append(dtype)
+    widths = ", ".join(f"{width} in {' and '.join(names)}" for width, names in by_width.items())
+    return f"; the split kernels ({', '.join(splits)}) take rows of up to {widths}"
+
+
 def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: str = "f32") -> Kernel:
     """The kernel `name` for --n-dim or --block-size. A kernel of one instance a dtype (the
     split's: its code is the same for every width) is that instance for any --block-size."""
     if n_dim is not None and block_size is not None:
         raise click.UsageError("give --n-dim or --block-size, not both")
+    if block_size is None:
+        _check_widths([name], [dtype], [768 if n_dim is None else n_dim])
     cls = kernel_classes()[name]
     if block_size is not None:
         sizes = cls.block_sizes()
@@ -218,17 +264,30 @@ def main() -> None:
     """
 
 
+def _listed_kernels() -> dict[str, type[Kernel]]:
+    """Every kernel the launchers run, by the name `cek list` gives it: kernel_classes(), then
+    the reduction, which has no --kernel name (it runs after the kernels that write per-row
+    losses, for a mean or sum)."""
+    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+
+    return {**kernel_classes(), "reduce": CosineEmbeddingLossReduce}
+
+
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per kernel.")
 def list_kernels(as_json: bool) -> None:
     """List every kernel: name, id pattern, arguments, launch contract.
+
+    The last, reduce, is the mean or sum of the per-row losses of fused, forward-rows,
+    fused-split or forward-split, which cek's functions and cek.torch run after them; it is no
+    --kernel of the other commands (cek compile --report lists it beside those kernels).
 
     \b
     Example:
       cek list
     """
     rows = []
-    for short, cls in kernel_classes().items():
+    for short, cls in _listed_kernels().items():
         sizes = cls.block_sizes()
         one = len(sizes) == 1  # the split's: one instance a dtype, for rows of any width
         rows.append({
@@ -277,15 +336,13 @@ def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> No
 
 
 def _require_nvrtc() -> None:
-    """A one-line error, before any work, when NVIDIA's NVRTC binding or library is missing."""
+    """A one-line error, before any work, when there is no NVRTC to compile with (CuPy's, or
+    the `nvrtc` extra's where CuPy is not installed): cek.compile's, which says what to install
+    for this machine."""
     try:
-        from cuda.bindings import nvrtc
-
-        nvrtc.nvrtcVersion()
-    except (ImportError, RuntimeError) as exc:
-        raise click.ClickException(
-            f"cek compile needs NVIDIA's NVRTC ({exc}): pip install cuda-bindings nvidia-cuda-nvrtc"
-        ) from exc
+        compile_module.nvrtc_version()
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _out_dir_value(ctx, param, value: Path | None) -> Path | None:
@@ -294,6 +351,32 @@ def _out_dir_value(ctx, param, value: Path | None) -> Path | None:
     if value is not None and (value.exists() or value.is_symlink()) and not value.is_dir():
         raise click.BadParameter(f"'{value}' is not a directory")
     return value
+
+
+def _arch_value(ctx, param, value: str) -> str:
+    """--arch: a real architecture (sm_90, sm_90a, sm_100f), as cek.compile.compile_kernel takes
+    it, refused while the options are read: before anything is compiled or said."""
+    if not re.fullmatch(r"sm_\d+[af]?", value):
+        raise click.BadParameter(f"arch must look like sm_90, got {value!r}")
+    return value
+
+
+def _report_arch(arch: str, gpu: str) -> str:
+    """The arch of `cek compile --report`: --gpu's own unless --arch is given (--gpu a100 reports
+    sm_80 code). An --arch the report does not know, or whose code the GPU cannot run (sm_90 on
+    an A100), is refused before any compile, naming the arch that GPU takes."""
+    from cek import report
+    from cek.occupancy import ARCHS
+
+    own = report.GPUS[gpu].arch
+    if not _given("arch"):
+        return own
+    try:
+        report._gpu(gpu, arch)  # the report's own rule, asked before it compiles
+    except ValueError as exc:
+        hint = f": give --arch {own} for --gpu {gpu}, or leave --arch out" if arch in ARCHS else ""
+        raise click.BadParameter(f"{exc}{hint}", param_hint="'--arch'") from exc
+    return arch
 
 
 def _given(name: str) -> bool:
@@ -310,7 +393,8 @@ def _given(name: str) -> bool:
 @block_size_option
 @click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
 @dtypes_option("f32")
-@click.option("--arch", default="sm_90", show_default=True, help="Target, e.g. sm_80, sm_90.")
+@click.option("--arch", default="sm_90", show_default=True, callback=_arch_value,
+              help="Target, e.g. sm_80, sm_90; with --report, that of --gpu unless given.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), metavar="DIR",
               callback=_out_dir_value,
               help="Write <id>.ptx and <id>.cubin here (created if missing).")
@@ -348,6 +432,10 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
         raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
     names = list(dict.fromkeys(kernel_names)) or KERNEL_NAMES  # in order, once each
     types = _chosen(dtype_names, DTYPE_NAMES)
+    if n_dim is not None and block_size is None:
+        _check_widths(names, types, [n_dim])  # every kernel that refuses it, in one error
+    if report:
+        arch = _report_arch(arch, gpu)
     kernels = []
     for name in names:
         cls = kernel_classes()[name]
@@ -373,7 +461,7 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
     rows = []
     for kernel in kernels:
         click.echo(f"compiling {kernel.id} for {arch}", err=True)
-        result = kernel.compile(arch)
+        result = compile_module.compile_kernel(kernel, arch)
         if out_dir is not None:
             (out_dir / f"{kernel.id}.ptx").write_text(result.ptx)
             (out_dir / f"{kernel.id}.cubin").write_bytes(result.cubin)
@@ -396,7 +484,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
     """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON; the
     second kernel of a pair after the first (once), a mean's kernels after the reduction's."""
     from cek import report
-    from cek.compile import CompileError
+    from cek.compile import CompileError, compile_kernel
 
     from cek import cosine_embedding_loss_split as split
 
@@ -475,6 +563,9 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     """
     from cek import gpu
 
+    names, types = kernel_names or KERNEL_NAMES, _chosen(dtype_names, DTYPE_NAMES)
+    n_dims = n_dims or check.N_DIMS
+    _check_widths(names, types, n_dims)  # the options first, then anything about devices
     if device == "auto":
         device = "gpu" if gpu.device_count() > 0 else "cpu"
         notice = gpu.no_device_notice("checking on the CPU emulator") if device == "cpu" else None
@@ -487,8 +578,7 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     else:
         launch = check.emulator_launcher(sanitize=sanitize)
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
-    cases = check.plan(kernel_names or KERNEL_NAMES, _chosen(dtype_names, DTYPE_NAMES),
-                       n_dims or check.N_DIMS)
+    cases = check.plan(names, types, n_dims)
     with _progress(len(cases) * len(check.MARGINS), "checking") as progress:
         results = check.run_cases(cases, launch, label, n_rows,
                                   on_case=lambda r: progress.advance())
@@ -529,6 +619,17 @@ def _check_writable(path: Path | None, option: str) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot write to {option} {path}: {exc.strerror or exc}") \
             from exc
+
+
+def _no_device_why(gpu) -> str:
+    """Why no CUDA device is usable (cek.gpu.no_device_reason), in parentheses, with CuPy's
+    install line where CuPy is missing, as `cek check --device gpu` says it; "" for no reason."""
+    reason = gpu.no_device_reason()
+    if reason is None:
+        return ""
+    if gpu.cupy_or_none() is None:
+        reason = f"{reason}: {gpu.CUPY_INSTALL_HINT}"
+    return f" ({reason})"
 
 
 def _n_rows_value(ctx, param, value: str) -> int | str:
@@ -647,20 +748,22 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
     """
     from cek import bench, gpu
 
+    kernels = _chosen(kernel_names, KERNEL_NAMES)
+    dtype_names = _chosen(dtype_names, DTYPE_NAMES)
+    widths = list(dict.fromkeys(n_dims))  # a width given twice runs once
+    _check_widths(kernels, dtype_names, widths)
     _check_writable(json_file, "--json-file")
     _check_writable(plot_file, "--plot")
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
         raise click.ClickException("--plot needs matplotlib: pip install matplotlib")
     if gpu.device_count() == 0:
-        raise click.ClickException("no CUDA device, and bench times GPU kernels only; "
-                                   "`cek check --device cpu` and `cek compile` work without one")
+        raise click.ClickException(f"no CUDA device{_no_device_why(gpu)}, and bench times GPU "
+                                   "kernels only; `cek check --device cpu` and `cek compile` "
+                                   "work without one")
     providers = bench.present(["cek", *baselines])
     if {"torch", "torch-compile"} & (set(baselines) - set(providers)):
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)
-    kernels = _chosen(kernel_names, KERNEL_NAMES)
-    dtype_names = _chosen(dtype_names, DTYPE_NAMES)
-    widths = list(dict.fromkeys(n_dims))  # a width given twice runs once
     rows, failures, printed = [], [], []
 
     def save() -> None:
@@ -712,3 +815,9 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
         plot_bandwidth(rows, plot_file)
     if failures:
         sys.exit(1)
+
+
+# `cek doctor`: what the GPU path runs with on this host, its problems and their fixes.
+from cek.doctor import doctor_command  # noqa: E402 - a command of its own module
+
+main.add_command(doctor_command)

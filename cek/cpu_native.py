@@ -6,6 +6,9 @@ failed, a cache folder that cannot be written, or CEK_CPU_NATIVE=0 in the enviro
 compiled rows are bitwise those of the NumPy code, so which one ran changes no result, only
 the time (docs/cpu.md). `unavailable_reason()` says why NumPy is used.
 
+The first call that builds the library (a second or more of g++) says so in one line on stderr,
+naming the cache folder; a call that loads it from the cache says nothing.
+
 The library is built with -march=native: it runs the vector instructions this CPU has. The
 cache key holds the compiler's predefined macros under that flag, which name every instruction
 set it enables, so a cache folder shared with a different CPU never hands it a library it
@@ -18,6 +21,7 @@ import ctypes
 import functools
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "cpu_native.cpp"
@@ -68,6 +72,7 @@ def _library():
         target = build.cache_dir() / "cpu" / f"rows-{key[:16]}.so"
 
         def compile_into(tmp: Path) -> Path:
+            _say_building(target.parent)  # only when the cache has no good copy
             out = tmp / "rows.so"
             build._run([build.CXX, *FLAGS, str(SOURCE), "-o", str(out)], "cek/cpu_native.cpp",
                        tmp)
@@ -77,6 +82,21 @@ def _library():
     except (RuntimeError, CompileError, CacheDirError, OSError, subprocess.SubprocessError) as exc:
         _why_not.append(f"{type(exc).__name__}: {exc}")
         return None
+
+
+def _say_building(folder: Path) -> None:
+    """One line on stderr: a first call that waits on g++ says why, and where the library goes.
+    Never stdout, which is the calling program's; a closed stderr (or none, under pythonw) costs
+    the line, not the build."""
+    from cek.emulate import build
+
+    if sys.stderr is None:
+        return
+    try:
+        print(f"cek: building cek/cpu_native.cpp with {build.CXX} for this CPU, once "
+              f"(cached in {folder})", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _native_macros() -> str:

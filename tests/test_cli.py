@@ -20,7 +20,7 @@ from cek.kernel import kernel_classes
 @pytest.fixture
 def run():
     runner = CliRunner()
-    return lambda *args: runner.invoke(main, list(args))
+    return lambda *args: runner.invoke(main, list(args), prog_name="cek")
 
 
 @pytest.mark.parametrize("command", [[], ["list"], ["dump-source"], ["compile"], ["check"], ["bench"]])
@@ -44,14 +44,15 @@ def test_list_names_every_kernel_with_args_and_contract(run):
     for name in ("cosine_embedding_loss_backward", "cosine_embedding_loss_forward",
                  "cosine_embedding_loss_fused"):
         assert f"{name}__<f32|f64|f16|bf16>__<BLOCK_SIZE>" in result.output
-    assert "A* dy, T* x1, T* x2, A* y, T* dx1, T* dx2, int n_rows, int n_dim, A margin" \
+    assert ("T* dy, int dy_stride, A scale, T* x1, T* x2, A* y, T* dx1, T* dx2, int n_rows, "
+            "int n_dim, A margin") \
         in result.output
     assert "T, A = float, float (f32)" in result.output
     rows = json.loads(run("list", "--json").output)
     assert [r["kernel"] for r in rows] == ["backward", "forward", "fused", "split-sums",
                                           "forward-split", "backward-split",
                                           "backward-keep-split", "fused-split", "backward-rows",
-                                          "backward-keep", "forward-rows"]
+                                          "backward-keep", "forward-rows", "reduce"]
     # the split's kernels: one instance a dtype, for rows of any width
     assert "cosine_embedding_loss_split_fused__<f32|f64|f16|bf16>__1024" in result.output
     assert "after split-sums, whose partials it reads" in result.output
@@ -257,10 +258,11 @@ def test_an_unwritable_bench_output_is_exit_1_like_compile_out(option):
 
 def test_compile_without_nvrtc_is_one_line_and_exit_1():
     code = ("import sys; sys.modules['cuda'] = sys.modules['cuda.bindings'] = None; "
+            "sys.modules['cupy'] = sys.modules['cupy_backends'] = None; "
             "from cek.cli import main; main(['compile', '--kernel', 'forward'], prog_name='cek')")
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60)
-    _assert_one_line_error(proc, 1, "NVRTC", "pip install cuda-bindings nvidia-cuda-nvrtc")
+    _assert_one_line_error(proc, 1, "cek compile needs NVRTC", "pip install '.[nvrtc]'")
 
 
 def test_more_rows_than_an_int32_is_refused_up_front():
@@ -288,6 +290,10 @@ def test_library_exceptions_map_to_exit_codes_at_one_edge(run, monkeypatch, rais
         assert result.exception is raised
         return
     assert result.exit_code == code
+    if code == 2:  # a usage error: click's usage line of the command above it, as docs/cli.md says
+        assert result.output == ("Usage: cek check [OPTIONS]\nTry 'cek check --help' for help."
+                                 f"\n\nError: {raised}\n")
+        return
     assert result.output.startswith("Error: ") and "Traceback" not in result.output
     if isinstance(raised, OSError):
         assert "Read-only file system: /ro/cek" in result.output
@@ -567,4 +573,204 @@ def test_python_m_cek_is_the_cek_command():
     done = subprocess.run([sys.executable, "-m", "cek", "list", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert [row["kernel"] for row in json.loads(done.stdout)] == KERNEL_NAMES
+    assert [row["kernel"] for row in json.loads(done.stdout)] == KERNEL_NAMES + ["reduce"]
+
+
+# -- values are checked before any work, and refused as usage errors -----------------------------
+
+SPLIT_WIDTHS = "4194304 in f32, 2097152 in f64, 8388608 in f16 and bf16"  # 2^22, 2^21, 2^23
+SPLIT_KERNELS = "split-sums, forward-split, backward-split, backward-keep-split, fused-split"
+ONE_BLOCK_KERNELS = "backward, forward, fused, backward-rows, backward-keep, forward-rows"
+
+
+def _no_device_here(monkeypatch):
+    """No CUDA device, for a reason of the test's, and the once-only notice not yet given."""
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    monkeypatch.setattr(gpu, "no_device_reason", lambda: "planted: no GPU here")
+    monkeypatch.setattr(gpu, "_noticed", False)
+
+
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_row_too_wide_for_one_block_names_the_kernels_and_the_split(run, monkeypatch, command):
+    # Without --kernel every kernel is chosen: those that refuse 2^20 + 1 and more are named,
+    # and the split kernels, which take such rows, with their widths.
+    _no_device_here(monkeypatch)
+    compiled = _record_compiles(monkeypatch)
+    result = run(command, "--n-dim", "2000000")
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Usage: cek {command} [OPTIONS]\nTry 'cek {command} --help' for help.\n\n"
+        f"Error: Invalid value for '--n-dim': {ONE_BLOCK_KERNELS}: n_dim must be at most "
+        f"1048576, got 2000000; the split kernels ({SPLIT_KERNELS}) take rows of up to "
+        f"{SPLIT_WIDTHS}\n")
+    assert compiled == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dump-source", "--kernel", "fused", "--n-dim", "1048577"],
+     f"fused: n_dim must be at most 1048576, got 1048577; the split kernels ({SPLIT_KERNELS}) "
+     f"take rows of up to {SPLIT_WIDTHS}"),
+    (["check", "--kernel", "fused-split", "--dtype", "f64", "--n-dim", "2097153"],
+     "fused-split: n_dim must be an int in [1, 2097152] for cosine_embedding_loss_split_fused "
+     "in f64, got 2097153"),
+    (["compile", "--kernel", "forward", "--n-dim", "0"], "n_dim must be a positive int, got 0"),
+])
+def test_a_width_a_kernel_refuses_is_a_usage_error_naming_it(run, monkeypatch, args, message):
+    _no_device_here(monkeypatch)
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[0] == f"Usage: cek {args[0]} [OPTIONS]"
+    assert result.output.splitlines()[-1] == f"Error: Invalid value for '--n-dim': {message}"
+
+
+def test_bench_refuses_a_row_too_wide_before_asking_for_a_gpu(run, monkeypatch):
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    result = run("bench", "--n-dim", "2000000", "--kernel", "fused", "--kernel", "fused-split")
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        "Error: Invalid value for '--n-dim': fused: n_dim must be at most 1048576, got 2000000; "
+        f"the split kernels ({SPLIT_KERNELS}) take rows of up to {SPLIT_WIDTHS}")
+
+
+def test_a_value_the_library_refuses_has_the_usage_line(run):
+    # Kernel(3) raises the ValueError: Cli turns it into a usage error of the command that ran.
+    result = run("dump-source", "--block-size", "3")
+    assert result.exit_code == 2
+    assert result.output == ("Usage: cek dump-source [OPTIONS]\n"
+                             "Try 'cek dump-source --help' for help.\n\n"
+                             "Error: block_size must be a power of two in [1, 1048576], got 3\n")
+
+
+def test_check_refuses_bad_values_before_saying_anything_about_devices(run, monkeypatch):
+    from cek import check
+
+    _no_device_here(monkeypatch)
+    result = run("check", "--kernel", "forward", "--n-dim", "2000000")
+    assert result.exit_code == 2
+    assert "no usable CUDA device" not in result.output and "planted" not in result.output
+    assert result.output.startswith("Usage: cek check [OPTIONS]\n")
+    # With good values the notice does come: it was not merely silenced.
+    monkeypatch.setattr(check, "emulator_launcher", lambda sanitize=None: None)
+    monkeypatch.setattr(check, "run_cases", lambda cases, *a, **k: [])
+    result = run("check", "--kernel", "forward", "--n-dim", "8", "--json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("no usable CUDA device (planted: no GPU here): checking on the CPU "
+                             "emulator\n0 passed, 0 failed\n")
+
+
+def test_bench_without_a_gpu_says_why(run, monkeypatch):
+    _no_device_here(monkeypatch)
+    result = run("bench", "--n-dim", "768")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: no CUDA device (planted: no GPU here), and bench times GPU kernels only; "
+        "`cek check --device cpu` and `cek compile` work without one\n")
+
+
+def test_bench_without_cupy_says_how_to_install_it(run, monkeypatch):
+    from cek import gpu
+
+    _no_device_here(monkeypatch)
+    monkeypatch.setattr(gpu, "cupy_or_none", lambda: None)
+    result = run("bench", "--n-dim", "768")
+    assert result.exit_code == 1
+    assert f"(planted: no GPU here: {gpu.CUPY_INSTALL_HINT}), and bench" in result.stderr
+
+
+def test_a_bad_arch_is_refused_before_anything_is_compiled_or_said(run, monkeypatch):
+    compiled = _record_compiles(monkeypatch)
+    result = run("compile", "--kernel", "forward", "--arch", "sm_xx")
+    assert result.exit_code == 2
+    assert result.output == ("Usage: cek compile [OPTIONS]\nTry 'cek compile --help' for help."
+                             "\n\nError: Invalid value for '--arch': arch must look like sm_90, "
+                             "got 'sm_xx'\n")
+    assert compiled == []
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80", "sm_90a", "sm_100f", "sm_120", "sm_xx",
+                                  "compute_90", "sm90", "SM_90", "sm_90 ", "sm_90ab", ""])
+def test_the_cli_takes_the_arch_compile_kernel_takes(arch, monkeypatch):
+    # --arch is checked while the options are read, by the rule of cek.compile.compile_kernel,
+    # which checks it before it asks for NVRTC (stopped here, so nothing is compiled).
+    import click
+
+    from cek import cli
+    from cek import compile as compile_module
+
+    class Accepted(Exception):
+        pass
+
+    def stop():
+        raise Accepted
+
+    monkeypatch.setattr(compile_module, "_nvrtc", stop)
+    try:
+        compile_module.compile_kernel(cek.CosineEmbeddingLossForward(8), arch)
+    except Accepted:
+        library_takes = True
+    except ValueError:
+        library_takes = False
+    try:
+        cli._arch_value(None, None, arch)
+        cli_takes = True
+    except click.BadParameter:
+        cli_takes = False
+    assert cli_takes == library_takes
+
+
+def _record_reports(monkeypatch) -> list[tuple[str, str, str]]:
+    """(kernel id, arch, gpu) of every row `cek compile --report` asks for, without compiling."""
+    from cek import report
+
+    asked = []
+
+    def static_row(kernel, n_rows, n_dim, *, arch, gpu):
+        asked.append((kernel.id, arch, gpu))
+        return {"kernel_id": kernel.id, "arch": arch, "sass_missing": None}
+
+    monkeypatch.setattr(report, "static_row", static_row)
+    monkeypatch.setattr(report, "reduction_rows", lambda *a, **k: pytest.fail("not a mean's"))
+    monkeypatch.setattr(report, "table_rows", lambda rows: rows)
+    return asked
+
+
+@pytest.mark.parametrize("gpu, arch", [("a100", "sm_80"), ("h100", "sm_90"), ("h200", "sm_90")])
+def test_report_compiles_for_the_gpus_arch_unless_told(run, monkeypatch, gpu, arch):
+    asked = _record_reports(monkeypatch)
+    result = run("compile", "--report", "--kernel", "forward", "--gpu", gpu, "--n-rows", "4096")
+    assert result.exit_code == 0, result.output
+    assert asked == [("cosine_embedding_loss_forward__f32__1024", arch, gpu)]
+
+
+def test_report_takes_an_older_arch_the_gpu_runs(run, monkeypatch):
+    asked = _record_reports(monkeypatch)
+    result = run("compile", "--report", "--kernel", "forward", "--gpu", "h100", "--arch", "sm_80")
+    assert result.exit_code == 0, result.output
+    assert [a[1:] for a in asked] == [("sm_80", "h100")]
+
+
+def test_report_refuses_an_arch_the_gpu_cannot_run_naming_its_own(run, monkeypatch):
+    asked = _record_reports(monkeypatch)
+    result = run("compile", "--report", "--kernel", "forward", "--gpu", "a100", "--arch", "sm_90")
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "Error: Invalid value for '--arch': sm_90 code does not run on A100 80GB SXM (sm_80): "
+        "give --arch sm_80 for --gpu a100, or leave --arch out")
+    assert "reporting" not in result.output and asked == []
+
+
+def test_list_shows_the_reduction_the_launchers_run(run):
+    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+
+    result = run("list")
+    assert result.exit_code == 0
+    assert "reduce: cosine_embedding_loss_reduce\n" in result.output
+    assert "cosine_embedding_loss_reduce__<f32|f64|f16|bf16>__1024" in result.output
+    assert "A* loss, T* reduced, int n_rows, A scale, A* partials" in result.output
+    rows = {row["kernel"]: row for row in json.loads(run("list", "--json").output)}
+    assert rows["reduce"]["launch"] == CosineEmbeddingLossReduce.launch_contract
+    assert "reduce" not in KERNEL_NAMES  # listed, but no --kernel of the other commands

@@ -165,3 +165,27 @@ def test_without_a_compiler_the_numpy_code_runs(monkeypatch, tmp_path):
         cpu_native._why_not.clear()
     monkeypatch.setenv("CEK_CPU_NATIVE", "0")
     assert cpu_native.unavailable_reason() == "CEK_CPU_NATIVE=0"
+
+
+def test_the_first_build_says_so_once_on_stderr(monkeypatch, tmp_path, capfd):
+    """A first call that builds the rows waits seconds on g++: one line on stderr says what is
+    built and where it is cached, stdout stays the program's; loading the cached library (a
+    later process) says nothing."""
+    monkeypatch.setenv("CEK_CPU_NATIVE", "1")
+    monkeypatch.setenv("CEK_CACHE_DIR", str(tmp_path))
+    cpu_native._library.cache_clear()
+    cpu_native._why_not.clear()
+    try:
+        capfd.readouterr()
+        assert cpu_native.rows_function("f32") is not None, cpu_native.unavailable_reason()
+        assert cpu_native.rows_function("f64") is not None  # the same library: no second line
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err == (f"cek: building cek/cpu_native.cpp with {build.CXX} for this CPU, once "
+                       f"(cached in {tmp_path / 'cpu'})\n")
+        cpu_native._library.cache_clear()  # as a new process would: the library is cached now
+        assert cpu_native.rows_function("f32") is not None
+        assert capfd.readouterr() == ("", "")
+    finally:
+        cpu_native._library.cache_clear()
+        cpu_native._why_not.clear()
