@@ -10,12 +10,14 @@ GPU is needed.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 from dataclasses import dataclass
 
 from cek import occupancy as occ
 from cek import sass
+from cek.compile import compile_kernel
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel
 
@@ -25,37 +27,38 @@ class Gpu:
     name: str
     arch: str
     sms: int
-    dram_bytes_per_s: float
-    clock_hz: float
+    dram_bytes_per_s: float   # the datasheet's peak
+    copy_bytes_per_s: float   # what a device-to-device copy moves, read and written
+    loaded_latency_s: float   # a global load's wait on DRAM while the GPU streams
+    l2_bytes: int
 
 
-# SM counts and DRAM bandwidth: NVIDIA's datasheets ("NVIDIA A100 Tensor Core GPU": 2,039 GB/s
-# for the 80GB SXM; "NVIDIA H100 Tensor Core GPU": 3.35 TB/s for H100 SXM; "NVIDIA H200 Tensor
-# Core GPU": 4.8 TB/s) and the A100 / H100 architecture whitepapers (108 and 132 SMs; H200 is the
-# same GH100 part as H100 SXM with HBM3e). Boost clocks turn the latency below from cycles into
-# seconds: 1410 MHz for A100 SXM (A100 whitepaper), 1980 MHz for H100 SXM5 in NVIDIA's final H100
-# specifications, and the same for H200, which keeps H100 SXM's die and power; 1755 MHz is the
-# H100 PCIe's boost clock (and the "H100" column of the latency table cited below).
+MB = 1 << 20
+# Where each figure comes from. SMs: the A100 and H100 architecture whitepapers (108 and 132; H200
+# is the same GH100 part as H100 SXM, with HBM3e). Peaks: NVIDIA's datasheets ("NVIDIA A100
+# Tensor Core GPU": 2,039 GB/s for the 80GB SXM; "NVIDIA H100 Tensor Core GPU": 3.35 TB/s for H100
+# SXM; "NVIDIA H200 Tensor Core GPU": 4.8 TB/s). L2: 40 MB on A100 and 50 MB on H100 SXM5 (the
+# whitepapers, whose full GH100 has 60 MB), 60 MB on H200.
+#   H200 copy, measured on one: a device-to-device copy through PyTorch moved 8.6 GB (read and
+#   written) in 2.0 ms, 4.3 TB/s, 90% of the peak. Loaded latency: about 700 ns, what a load
+#   waits on DRAM while the GPU streams, where an unloaded one waits a few hundred cycles: an
+#   estimate, to replace with one measured on the GPU.
+#   A100 and H100, estimates: a copy at 90% of the datasheet's peak, the share the H200's
+#   reaches, and the H200's 700 ns; replace them when a copy and a latency run on those GPUs.
 GPUS = {
-    "a100": Gpu("A100 80GB SXM", "sm_80", 108, 2.0e12, 1.410e9),
-    "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, 1.980e9),
-    "h200": Gpu("H200", "sm_90", 132, 4.8e12, 1.980e9),
+    "a100": Gpu("A100 80GB SXM", "sm_80", 108, 2.039e12, copy_bytes_per_s=1.8e12,
+                loaded_latency_s=700e-9, l2_bytes=40 * MB),
+    "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, copy_bytes_per_s=3.0e12,
+                loaded_latency_s=700e-9, l2_bytes=50 * MB),
+    "h200": Gpu("H200", "sm_90", 132, 4.8e12, copy_bytes_per_s=4.3e12,
+                loaded_latency_s=700e-9, l2_bytes=60 * MB),
 }
-# Global-memory (DRAM) load latency in cycles: 400 for A100 and H100 alike in Table 3 of
-# "Hardware features of different Nvidia GPU architectures" (Ultrasonics Sonochemistry 99,
-# 106546, 2023, PMC10448217). Microbenchmarks measure the latency of each memory level on
-# Hopper: Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture"
-# (arXiv:2402.13499, 2024, on H800) and its extended version "Dissecting the NVIDIA Hopper
-# Architecture through Microbenchmarking and Multiple Level Analysis" (arXiv:2501.12084); replace
-# this figure with a measured one when one is at hand. A loaded memory system waits longer, so
-# the Little's-law target below is a floor, not a goal.
-DRAM_LATENCY_CYCLES = 400
 
 
 def little_bytes_per_sm(gpu: Gpu) -> int:
-    """Bytes that must be in flight on each SM for DRAM to run at full bandwidth."""
-    latency_s = DRAM_LATENCY_CYCLES / gpu.clock_hz
-    return math.ceil(gpu.dram_bytes_per_s * latency_s / gpu.sms)
+    """Bytes that must be in flight on each SM to keep DRAM moving what a copy moves, by
+    Little's law: the copy bandwidth times the loaded latency, over the SMs."""
+    return math.ceil(gpu.copy_bytes_per_s * gpu.loaded_latency_s / gpu.sms)
 
 
 def waves(grid_blocks: int, blocks_per_sm: int, sms: int) -> tuple[float, float]:
@@ -78,11 +81,19 @@ def _gpu(name: str, arch: str) -> Gpu:
     return GPUS[name]
 
 
+# Functions whose loads read what the launch before wrote, a few bytes a block that every block
+# of a row reads again: the split's partial sums (kernels/cosine_embedding_loss_split.cu: 16
+# bytes a slice in float, 32 in double, loaded by the threads t < S of each block of the row, S
+# its slices). They come from L2 (a pair's partials are 16 x N x S bytes in float: 192 KB at 48
+# x 2^20), so the bytes in flight, which are set against what DRAM needs, leave them out.
+L2_READS = ("cek_load_partial",)
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict | None]:
     """(ptxas's summary, SASS facts or None without nvdisasm): once per kernel, arch and
     disassembler, since a benchmark asks for every shape it times."""
-    compiled = kernel.compile(arch)
+    compiled = compile_kernel(kernel, arch)
     summary = compiled.summary()
     summary.pop("seconds")
     if tool is None:
@@ -91,7 +102,7 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
     # ordinary aligned row takes through it, the code CEK_RARE_PATH() marks in the source (the
     # misaligned fallbacks, the huge-row branches: kernels/cek_row.cuh) left out, and of every
     # block. compile_kernel names the source <id>.cu.
-    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu")
+    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu", l2_reads=L2_READS)
     return summary, sass.facts(sass.disassemble(compiled.cubin, tool), marks).as_dict()
 
 
@@ -99,13 +110,15 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
                gpu: str = "h200", launch: tuple | None = None) -> dict:
     """The report's facts for `kernel` on an n_rows x n_dim problem, JSON-serialisable.
     `launch` is (grid, block, dynamic shared bytes) where the launch is not the kernel's
-    launch_config(n_rows, n_dim) (a reduction's first level of two).
+    launch_config(n_rows, n_dim) (a reduction's first level of two). A kernel whose grid
+    depends on the device (its launch_config takes `sms`: a grid of at most a wave whose blocks
+    stride over the rows) is launched as on `gpu`: waves and bytes in flight are that grid's.
 
     The SASS facts are None, with `sass_missing` saying why, when nvdisasm is not installed."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a cek.Kernel, got {type(kernel).__name__}")
     spec = _gpu(gpu, arch)
-    grid, block, dynamic_shared = launch or kernel.launch_config(n_rows, n_dim)
+    (grid, block, dynamic_shared), widest = _launches(kernel, n_rows, n_dim, spec.sms, launch)
     summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())
     missing = None if facts is not None else sass.MISSING
     threads = block[0] * block[1] * block[2]
@@ -113,17 +126,23 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
     o = occ.occupancy(arch, threads, summary["registers"],
                       summary["shared_bytes"] + dynamic_shared)
     wave_count, last_wave = waves(blocks, o.blocks_per_sm, spec.sms)
+    # What one block holds at once: a row, a row group's rows or a slice's row, as in the grid of
+    # a block for each, however many of those a block of this launch takes in turn; at most one
+    # row a thread.
+    rows_in_flight = min(math.ceil(n_rows / math.prod(widest[0])), threads)
     row = {
         "kernel": kernel.name, "kernel_id": kernel.id, "dtype": kernel.dtype,
         "block_size": kernel.block_size, "n_rows": n_rows, "n_dim": n_dim, "arch": arch,
         "gpu": gpu, **summary,
         "dynamic_shared_bytes": dynamic_shared, "grid": list(grid), "block": list(block),
-        "rows_per_block": math.ceil(n_rows / blocks),
+        "rows_per_block": math.ceil(n_rows / blocks), "rows_in_flight_per_block": rows_in_flight,
         "blocks_per_sm": o.blocks_per_sm, "warps_per_sm": o.warps_per_sm,
+        "resident_blocks_per_sm": resident_blocks(blocks, o.blocks_per_sm, spec.sms),
         "occupancy": o.occupancy, "occupancy_limit": o.limit,
         "blocks_per_sm_by_limit": dict(o.by_limit),
         "waves": wave_count, "last_wave_efficiency": last_wave,
-        "dram_latency_cycles": DRAM_LATENCY_CYCLES, "dram_bytes_per_s": spec.dram_bytes_per_s,
+        "dram_bytes_per_s": spec.dram_bytes_per_s, "copy_bytes_per_s": spec.copy_bytes_per_s,
+        "loaded_latency_s": spec.loaded_latency_s, "l2_bytes": spec.l2_bytes,
         "needed_bytes_in_flight_per_sm": little_bytes_per_sm(spec),
         "sass_missing": missing, "sass": None, "instructions_per_byte": None,
         "bytes_in_flight_per_sm": None, "reduction": None,
@@ -132,8 +151,8 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         moved = facts["load_bytes"] + facts["store_bytes"]
         row["sass"] = json.loads(json.dumps(facts))  # a copy the caller may change
         row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
-        row["bytes_in_flight_per_sm"] = bytes_in_flight(facts, threads, row["rows_per_block"],
-                                                        o.blocks_per_sm)
+        row["bytes_in_flight_per_sm"] = bytes_in_flight(facts, threads, rows_in_flight,
+                                                        row["resident_blocks_per_sm"])
         if reduces(kernel, facts):
             row["reduction"] = reduction_facts(facts, blocks, threads, row["rows_per_block"],
                                                read_bytes(kernel, n_rows, n_dim))
@@ -192,15 +211,35 @@ def reduction_facts(facts: dict, blocks: int, threads: int, rows_per_block: int,
             "tail_bytes_in_flight_per_thread": facts["loop_bytes_in_flight"]}
 
 
-def bytes_in_flight(facts: dict, threads: int, rows_per_block: int, blocks_per_sm: int) -> int:
-    """Global-load bytes an SM has in flight before its threads' first wait, at full occupancy.
+def _launches(kernel: Kernel, n_rows: int, n_dim: int, sms: int,
+              launch: tuple | None) -> tuple[tuple, tuple]:
+    """(the launch that runs, the launch of a block for each row, row group or slice): the same
+    but for a kernel whose launch_config takes the device's `sms`, which gets `sms`."""
+    if launch is not None:
+        return launch, launch
+    widest = kernel.launch_config(n_rows, n_dim)
+    if "sms" in inspect.signature(kernel.launch_config).parameters:
+        return kernel.launch_config(n_rows, n_dim, sms=sms), widest
+    return widest, widest
+
+
+def resident_blocks(grid_blocks: int, blocks_per_sm: int, sms: int) -> int:
+    """Blocks the busiest SM runs at once: what occupancy allows, or fewer where the launch has
+    fewer blocks than that for each SM (a grid of one block: one)."""
+    return min(blocks_per_sm, math.ceil(grid_blocks / sms))
+
+
+def bytes_in_flight(facts: dict, threads: int, rows_in_flight: int, blocks: int) -> int:
+    """Global-load bytes an SM has in flight before its threads' first wait, `blocks` resident.
 
     The 128-bit loads are the row's chunks, each thread its own: they count once per thread.
     The narrower loads on the ordinary aligned path are y[row] and dy[row] (pinned per kernel in
     tests/test_report.py), which every thread of a row loads from the same address: DRAM
-    delivers them once, so they count once per row."""
-    wide = facts["first_round_bytes"] - facts["first_round_narrow_bytes"]
-    return blocks_per_sm * (wide * threads + facts["first_round_narrow_bytes"] * rows_per_block)
+    delivers them once, so they count once per row a block holds at once (`rows_in_flight`).
+    Loads of L2_READS (the split's partials) come from L2, not DRAM: left out."""
+    narrow = facts["first_round_narrow_bytes"]
+    wide = facts["first_round_bytes"] - narrow - facts["first_round_l2_bytes"]
+    return blocks * (wide * threads + narrow * rows_in_flight)
 
 
 # Columns of the text table: (heading, how to show the row).

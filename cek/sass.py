@@ -8,7 +8,8 @@ the rest of its scope as rare code (the misaligned-view fallbacks, the huge-row 
 `if` that opens it as a rare decision (`Marks`); the walk finds that code by its lines, whatever
 the marker compiles to. The ordinary path is what the kernel's entry reaches without taking the
 rare side of a rare decision (`ordinary_path`). `facts` counts that path, and every block of the
-cubin beside it.
+cubin beside it. Loads inlined from functions the caller names (`Marks.l2_reads`: data the
+launch before wrote, read from L2) are told apart from the others in the first round.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def disassemble(cubin: bytes, tool: str | None = None) -> str:
 RARE_MARKER = "CEK_RARE_PATH()"
 _LINE_DIRECTIVE = re.compile(r'^\s*#\s*line\s+(\d+)\s+"([^"]+)"')
 _IF = re.compile(r"^\s*(?:else\s+)?if\s*\(")
+_ELSE = re.compile(r"^\s*\}\s*else\s*\{\s*$")
 
 
 def _code_lines(source: str, name: str) -> list[tuple[str, int, str]]:
@@ -99,16 +101,32 @@ def _opening_brace(lines, i: int) -> int | None:
     return None
 
 
+def _depth_after(code: str, depth: int) -> int:
+    """The brace depth after `code`, from `depth`; negative as soon as a `}` closes the scope
+    (the `}` of `} else {` ends an `if`'s body, whatever follows)."""
+    for ch in code:
+        depth += (ch == "{") - (ch == "}")
+        if depth < 0:
+            return depth
+    return depth
+
+
 def _decision(lines, i: int) -> range | None:
     """The lines of the `if` that decides for the rare code the marker on line i opens: the `if`
-    whose braces the marker opens, or the one just before it that returns (`if (ordinary)
-    return ...;` or `if (ordinary) { ... return ...; }`, after which the rest is rare)."""
+    whose braces the marker opens, the one whose `else {` it opens (`} else {` on one line), or
+    the one just before it that returns (`if (ordinary) return ...;` or `if (ordinary) { ...
+    return ...; }`, after which the rest is rare)."""
     brace = _opening_brace(lines, i)
     if brace is None:
         return None
+    opens = not any(code.strip() for _, _, code in lines[brace + 1:i])
+    if opens and _ELSE.match(lines[brace][2]):
+        brace = _opening_brace(lines, brace)  # the `{` the `}` before `else` closes
+        if brace is None:
+            return None
     start = _statement_start(lines, brace)
     head = " ".join(code for _, _, code in lines[start:brace + 1])
-    if _IF.match(head) and not any(code.strip() for _, _, code in lines[brace + 1:i]):
+    if _IF.match(head) and opens:
         return range(start, brace + 1)
     j = i - 1
     while j > brace and not lines[j][2].strip():
@@ -128,23 +146,54 @@ def _decision(lines, i: int) -> range | None:
     return range(start, j + 1) if _IF.match(text) and re.search(r"\breturn\b", text) else None
 
 
+def _definitions(lines, function: str) -> list[int]:
+    """The lines of each definition of `function`: from the line that names it to the `}` that
+    closes its body. A definition is the name, its parenthesised parameters, then `{` (after
+    `const` or `noexcept`, if any); a call is followed by anything else."""
+    text, line_of = "", []
+    for k, (_, _, code) in enumerate(lines):
+        text += code + "\n"
+        line_of += [k] * (len(code) + 1)
+    out = []
+    for m in re.finditer(rf"\b{re.escape(function)}\s*\(", text):
+        at, depth = m.end(), 1
+        while at < len(text) and depth:
+            depth += (text[at] == "(") - (text[at] == ")")
+            at += 1
+        head = re.match(r"(?:\s|\bconst\b|\bnoexcept\b)*\{", text[at:])
+        if head is None:
+            continue
+        at, depth = at + head.end(), 1
+        while at < len(text) and depth:
+            depth += (text[at] == "{") - (text[at] == "}")
+            at += 1
+        out += range(line_of[m.start()], line_of[at - 1] + 1)
+    return out
+
+
 @dataclass
 class Marks:
     """The rare code of a source: for each CEK_RARE_PATH() (numbered from 1), the lines of the
     code it marks (`regions`) and of the `if` that decides for it (`decisions`), each a dict
     {(file, line): number}, files as the source's #line directives name them. No marks (the
-    default): everything the entry reaches is ordinary."""
+    default): everything the entry reaches is ordinary. And the lines of functions whose loads
+    read L2 (`l2_reads`, {(file, line): function}), where the caller names them."""
     regions: dict = field(default_factory=dict)
     decisions: dict = field(default_factory=dict)
+    l2_reads: dict = field(default_factory=dict)
     _by_line: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_source(cls, source: str, name: str) -> "Marks":
+    def from_source(cls, source: str, name: str, l2_reads: tuple[str, ...] = ()) -> "Marks":
         """Each CEK_RARE_PATH() statement marks the rest of its scope and the `if` that leads
         there (`_decision`); one without such an `if` raises ValueError, naming where it is.
-        `name` is the file the compiler gives the source before its first #line."""
+        `name` is the file the compiler gives the source before its first #line. `l2_reads`
+        names functions whose loads read L2: the lines of their definitions in the source."""
         lines = _code_lines(source, name)
         marks = cls()
+        for function in l2_reads:
+            for k in _definitions(lines, function):
+                marks.l2_reads[lines[k][:2]] = function
         markers = [i for i, (_, _, code) in enumerate(lines)
                    if RARE_MARKER in code and not code.lstrip().startswith("#")]
         for mark, i in enumerate(markers, start=1):
@@ -158,7 +207,7 @@ class Marks:
             depth = 0
             for file, number, code in lines[i:]:
                 marks.regions[(file, number)] = mark
-                depth += code.count("{") - code.count("}")
+                depth = _depth_after(code, depth)
                 if depth < 0:
                     break
         return marks
@@ -171,7 +220,11 @@ class Marks:
         """The marker whose `if` (file, line) is, if any."""
         return self._lookup("decisions", where)
 
-    def _lookup(self, table: str, where: tuple) -> int | None:
+    def l2_read(self, where: tuple) -> str | None:
+        """The function of l2_reads whose definition (file, line) is in, if any."""
+        return self._lookup("l2_reads", where)
+
+    def _lookup(self, table: str, where: tuple) -> int | str | None:
         # nvdisasm names a file by the path the compiler made of its #line name (the directory
         # it ran in, then kernels/cek_row.cuh): the name is a suffix of it
         if table not in self._by_line:
@@ -420,6 +473,7 @@ class SassFacts:
     load_rounds: int = 0    # times a thread waits on a global load before issuing the next
     first_round_bytes: int = 0  # global-load bytes one thread has in flight before its first wait
     first_round_narrow_bytes: int = 0  # the part of them that loads narrower than 128 bits move
+    first_round_l2_bytes: int = 0  # the part that Marks.l2_reads' loads move (not narrow too)
     fences: int = 0         # MEMBAR on the ordinary path
     atomics: int = 0        # global atomics and reductions (ATOM, RED) on the ordinary path
     # The loop of the ordinary path with the most global-load bytes in flight a trip (none: 0):
@@ -445,13 +499,15 @@ class _Rounds:
     rounds: int = 0
     first_bytes: int = 0
     first_narrow_bytes: int = 0
+    first_l2_bytes: int = 0
 
 
-def _load_rounds(blocks: list[Block], skip=lambda ins: False) -> _Rounds:
+def _load_rounds(blocks: list[Block], skip=lambda ins: False, l2=lambda ins: False) -> _Rounds:
     """Walking `blocks` in order, a load's destination registers are pending until an
     instruction reads one of them: that read is a wait, and every load issued before it is taken
     as arrived (they were in flight together). A load issued after a wait opens a new round.
-    Instructions `skip` names take no part."""
+    Instructions `skip` names take no part; the first round's bytes are told apart by width,
+    and the loads `l2` names apart from both."""
     out = _Rounds()
     pending: set[int] = set()
     waited = True  # the first load opens round 1
@@ -466,7 +522,10 @@ def _load_rounds(blocks: list[Block], skip=lambda ins: False) -> _Rounds:
                 waited = False
             if out.rounds == 1:
                 out.first_bytes += nbytes
-                out.first_narrow_bytes += nbytes if nbytes < 16 else 0
+                if l2(ins):
+                    out.first_l2_bytes += nbytes
+                elif nbytes < 16:
+                    out.first_narrow_bytes += nbytes
             pending.update(ins.dest)
         elif ins.dest:
             pending.difference_update(ins.dest)
@@ -502,6 +561,9 @@ def facts(sass: str, marks: Marks | None = None) -> SassFacts:
     def predicated_rare(ins: Instruction) -> bool:
         return ins.conditional and bool(ins.where) and marks.region(ins.where[0]) is not None
 
+    def reads_l2(ins: Instruction) -> bool:  # inlined from one of Marks.l2_reads
+        return any(marks.l2_read(w) is not None for w in ins.where)
+
     for ins in (i for block in ordinary for i in block):
         out.instructions += 1
         out.int_alu += is_int_alu(ins.opcode)
@@ -517,10 +579,11 @@ def facts(sass: str, marks: Marks | None = None) -> SassFacts:
             out.load_bytes += _count_widths(out.loads, ins.opcode)
         elif ins.base == "STG":
             out.store_bytes += _count_widths(out.stores, ins.opcode)
-    rounds = _load_rounds(ordinary, predicated_rare)
+    rounds = _load_rounds(ordinary, predicated_rare, reads_l2)
     out.load_rounds = rounds.rounds
     out.first_round_bytes = rounds.first_bytes
     out.first_round_narrow_bytes = rounds.first_narrow_bytes
+    out.first_round_l2_bytes = rounds.first_l2_bytes
     index = {id(b): n for n, b in enumerate(blocks)}
     loops = _loops(blocks, [index[id(b)] for b in ordinary])
     trips = [_load_rounds(loop, predicated_rare) for loop in loops]

@@ -27,7 +27,8 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc), G = blocks of the first level, 0 for one
 // launch): read loss once, write and read the partials once, write reduced: A*N + 2*A*G + S.
-#include "cek_types.cuh"
+// cek_row.cuh: CEK_RARE_PATH(), which marks the misaligned fallback for the static report.
+#include "cek_row.cuh"
 
 constexpr int CEK_REDUCE_THREADS = 1024;
 constexpr int CEK_REDUCE_CHUNKS = 8;  // chunk loads a thread issues before it adds one
@@ -117,7 +118,13 @@ __device__ void cosine_embedding_loss_reduce(const CekAcc<T>* __restrict__ loss,
     }
     const long long whole = n / VEC;
     const bool vec = (reinterpret_cast<unsigned long long>(loss) & 15ull) == 0;
-    Acc sum = vec ? cek_thread_losses<true>(loss, whole) : cek_thread_losses<false>(loss, whole);
+    Acc sum;
+    if (vec) {
+        sum = cek_thread_losses<true>(loss, whole);
+    } else {
+        CEK_RARE_PATH();  // a loss that is not 16-byte aligned, read element by element
+        sum = cek_thread_losses<false>(loss, whole);
+    }
     // The chunk of the last n % VEC losses comes last in its thread's order, as if whole.
     if (threadIdx.x == whole % BLOCK_SIZE && n % VEC != 0) {
         CekLossChunk<Acc> c = {};
