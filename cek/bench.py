@@ -86,7 +86,9 @@ class BenchRow:
     dtype: str
     n_rows: int
     n_dim: int
-    reduction: str  # "none": the kernel's per-row results; "mean": reduced as well
+    # "none": the kernel's per-row results; "mean": reduced as well; a keep kernel's case:
+    # "kept" (an upstream gradient of 1) or "recompute" (KEEP_RECOMPUTE_DY)
+    reduction: str
     median_ms: float
     p20_ms: float
     p80_ms: float
@@ -154,8 +156,9 @@ class Bench:
         self.x1, self.x2 = (self._random_rows(rng, host[name]) for name in ("x1", "x2"))
         self.y = cp.where(rng.random(n_rows) < 0.5, 1.0, -1.0).astype(acc)
         self.y[: len(host["y"])] = cp.asarray(host["y"])
-        self.dy = cp.ones(n_rows, acc)
-        self.host = {**host, "dy": np.ones(len(host["y"]), acc)}
+        # the backward kernels' upstream gradient: one a row, of the inputs' dtype, all 1
+        self.dy = dtypes.from_float(cp.ones(n_rows, cp.float32), dtype, cp)
+        self.host = {**host, "dy": dtypes.from_float(np.ones(len(host["y"]), np.float32), dtype)}
         self._flush = cp.empty(max(1, FLUSH_BYTES // 4), cp.float32)
 
     def _random_rows(self, rng, first: np.ndarray):
@@ -212,13 +215,24 @@ def present(wanted) -> list[str]:
     return names
 
 
+# A keep kernel's two cases (the "reduction" column of its rows): the backward of a mean whose
+# upstream gradient is 1 (loss.backward(): every row keeps the fused kernel's gradients) and
+# one of 3 (every row recomputed, as under a loss scale or a weighted sum of losses).
+KEEP_CASES = ("kept", "recompute")
+KEEP_RECOMPUTE_DY = 3.0
+
+
 def reductions(kernel: Kernel, provider: str, n_rows: int, n_dim: int) -> tuple[str, ...]:
     """What `provider` times for `kernel`: the fused kernel alone and as a mean for cek, a
-    training step (a mean) for PyTorch and cek.torch; per-row results otherwise. Empty where
-    the provider has nothing to time (cek.torch has no forward or backward alone; nothing but
-    cek computes the split's partial sums), and for the baselines where cek's launchers run
-    the other kernel of the same math at this shape (the split's pair or one block a row,
-    `chosen`): a baseline is timed once a shape, beside what cek's users run."""
+    training step (a mean) for PyTorch and cek.torch; per-row results otherwise; a keep
+    kernel's two cases (KEEP_CASES), cek's alone: it is a piece of cek.torch's step, whose
+    baselines are the step's. Empty where the provider has nothing to time (cek.torch has no
+    forward or backward alone; nothing but cek computes the split's partial sums), and for the
+    baselines where cek's launchers run the other kernel of the same math at this shape (the
+    split's pair or one block a row, `chosen`): a baseline is timed once a shape, beside what
+    cek's users run."""
+    if getattr(kernel, "wave_grid", False):
+        return KEEP_CASES if provider == "cek" else ()
     if provider != "cek" and not chosen(kernel, n_rows, n_dim):
         return ()
     if kernel.kind != "fused":
@@ -244,9 +258,15 @@ def launched(kernel: Kernel, n_dim: int) -> list[Kernel]:
 
 def bytes_moved(kernel: Kernel, reduction: str, n_rows: int, n_dim: int) -> int:
     """The bytes of what a row of `reduction` runs: the kernel's (with the first of its pair's),
-    and a mean's reduction (each per-row loss read again, the result written)."""
+    and a mean's reduction (each per-row loss read again, the result written). A keep kernel's
+    kept case reads its one upstream gradient (each block the same value), its recompute case
+    the backward's bytes with that one value for dy."""
+    if reduction == "kept":
+        return dtypes.get(kernel.dtype).array.itemsize
     n_bytes = sum(k.bytes_moved(n_rows, n_dim) for k in launched(kernel, n_dim))
-    if reduction != "none":
+    if reduction == "recompute":  # bytes_moved counts a dy a row; this one reads one value
+        n_bytes -= (n_rows - 1) * dtypes.get(kernel.dtype).array.itemsize
+    if reduction == "mean":
         n_bytes += CosineEmbeddingLossReduce.for_dtype(kernel.dtype).bytes_moved(n_rows)
     return n_bytes
 
@@ -280,19 +300,27 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
     for a mean, each run also launches the reduction of its per-row losses."""
     cp = bench.cupy
     n, d = bench.n_rows, bench.n_dim
-    inputs = {"x1": bench.x1, "x2": bench.x2, "y": bench.y,
-              "dy": bench.dy if kernel.kind == "backward" else None, "scale": 1.0 / n}
+    inputs = {"x1": bench.x1, "x2": bench.x2, "y": bench.y, **_upstream(bench, kernel, reduction)}
     launches = []
 
     def launch(k, args):
-        launches.append(_checked_launch(cp, k, k.launch_config(n, d), args))
+        sms = {"sms": gpu.multiprocessors(cp.cuda.Device().id)} if getattr(
+            k, "wave_grid", False) else {}
+        launches.append(_checked_launch(cp, k, k.launch_config(n, d, **sms), args))
 
-    # the split's partial sums first, for a pair's second kernel
+    # the split's partial sums first, for a pair's second kernel; the fused kernel with what
+    # cek.torch's step asks of it: the per-row losses and the labels' copy, no loss_out
     args, device_out = check.build_args(kernel, check.with_first(kernel, launch, inputs, margin,
-                                                                 xp=cp), margin, xp=cp)
+                                                                 xp=cp), margin, xp=cp,
+                                        without=("loss_out",))
+    if reduction == "kept":  # what the fused kernel left there stays: a sentinel shows it
+        for name in ("dx1", "dx2"):
+            device_out[name][...] = dtypes.from_float(cp.full(device_out[name].shape,
+                                                              KEPT_SENTINEL, cp.float32),
+                                                      kernel.dtype, cp)
     launch(kernel, args)
     reduced = None
-    if reduction != "none":  # as cek.functional reduces: one launch, or two levels
+    if reduction == "mean":  # as cek.functional reduces: one launch, or two levels
         reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)
         reduced = dtypes.nan_filled((), kernel.dtype, cp)
         rows, count, blocks = device_out["loss"], n, reduce.level_one_blocks(n)
@@ -314,6 +342,22 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
     return (launches[0] if len(launches) == 1 else lambda: [run() for run in launches]), outputs
 
 
+KEPT_SENTINEL = 7.0  # the gradients a kept row keeps, in the bench's check
+
+
+def _upstream(bench: Bench, kernel: Kernel, reduction: str) -> dict:
+    """The upstream gradient a cek row of `kernel` runs with: for the fused kernel the mean's (no
+    dy, scale 1/N), for the backward kernels a dy of 1 a row, for a keep kernel the mean's 0-d
+    gradient of 1 (kept) or of KEEP_RECOMPUTE_DY (recompute), read for every row."""
+    if kernel.kind == "fused":
+        return {"dy": None, "scale": 1.0 / bench.n_rows}
+    if reduction not in KEEP_CASES:
+        return {"dy": bench.dy, "dy_stride": 1, "scale": 1.0}
+    value = 1.0 if reduction == "kept" else KEEP_RECOMPUTE_DY
+    dy = dtypes.from_float(bench.cupy.full((), value, bench.cupy.float32), kernel.dtype, bench.cupy)
+    return {"dy": dy, "dy_stride": 0, "scale": 1.0 / bench.n_rows}
+
+
 def _checked_launch(cp, kernel: Kernel, config: tuple, args: tuple):
     """Launches `kernel` once through every check of gpu.load, and returns the compiled
     function's own launch with those arguments: what is timed, without the checks."""
@@ -328,7 +372,7 @@ def _cupy_provider(cp, bench: Bench, kind: str, margin: float):
     """What a CuPy user writes: half inputs widened to float32 (float64 stays), the math, the
     gradients rounded back to the dtype; the casts are part of the timed work."""
     dtype, result = bench.dtype, {}
-    scale = bench.dy if kind == "backward" else 1.0 / bench.n_rows
+    scale = dtypes.widen(bench.dy, dtype, cp) if kind == "backward" else 1.0 / bench.n_rows
     half = dtype in ("f16", "bf16")
 
     def run():
@@ -379,7 +423,7 @@ def _torch_provider(torch, bench: Bench, kind: str, margin: float, compiled: boo
                 result["out"] = loss_fn(x1, x2, y)
     elif kind == "backward":
         graph = loss_fn(x1, x2, y)
-        dy = torch.from_dlpack(bench.dy).to(graph.dtype)  # autograd wants the loss's dtype
+        dy = _torch_tensor(torch, bench.dy, bench.dtype)  # the loss's dtype, as autograd wants
 
         def run():
             result["dx1"], result["dx2"] = torch.autograd.grad(graph, (x1, x2), dy, retain_graph=True)
@@ -438,10 +482,20 @@ def _graphed(torch, step):
     return graph.replay
 
 
-def expected(kernel: Kernel, bench: Bench, margin: float) -> tuple[dict, dict]:
+def expected(kernel: Kernel, bench: Bench, margin: float,
+             reduction: str = "none") -> tuple[dict, dict]:
     """The float64 reference of the checked rows, and the size each is judged by; for the
-    fused kernel also the mean of all N losses ("reduced"), in float64 on the device."""
+    fused kernel also the mean of all N losses ("reduced"), in float64 on the device; for a
+    keep kernel's kept case the gradients left as they were (KEPT_SENTINEL)."""
     inputs = dict(bench.host)
+    if reduction == "kept":
+        shape = (bench.check_rows, bench.n_dim)
+        return ({name: np.full(shape, KEPT_SENTINEL) for name in ("dx1", "dx2")},
+                {name: np.ones(shape) for name in ("dx1", "dx2")})
+    if reduction == "recompute":
+        dy = dtypes.from_float(np.float32(KEEP_RECOMPUTE_DY), bench.dtype)
+        inputs.update(dy=dy, dy_stride=0, scale=1.0 / bench.n_rows)
+        return check.expected(kernel, inputs, margin)
     if kernel.kind != "fused":
         return check.expected(kernel, inputs, margin)
     inputs["dy"], inputs["scale"] = None, 1.0 / bench.n_rows
@@ -469,6 +523,7 @@ def check_provider(provider: str, dtype: str, got: dict, want: dict, size: dict,
     per-row results, and for a mean the mean. A training step (PyTorch's, cek.torch's) has no
     per-row loss; PyTorch's mean is not judged (it rounds to the dtype as it goes)."""
     skip = set() if reduction == "mean" else {"reduced"}
+    skip |= {"loss_out", "y_out"}  # the fused kernel's optional outputs: cek.torch's to ask for
     if provider in TORCH_PROVIDERS + CEK_TORCH_PROVIDERS:
         skip.add("loss")
     if provider in TORCH_PROVIDERS:
@@ -577,10 +632,14 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
     rows, failures = [], []
     for short in kernel_names:
         kernel = kernel_classes()[short].for_n_dim(n_dim, dtype)
-        want, size = expected(kernel, bench, margin)  # once: the reference is the slow part
+        references = {}  # once a case: the reference is the slow part
         cek_ms, timed = {}, []  # cek's median by reduction: each baseline's speed-up is over it
         for (provider, reduction), build in providers_for(bench, kernel, providers,
                                                           margin).items():
+            case = reduction if reduction in KEEP_CASES else None
+            if case not in references:
+                references[case] = expected(kernel, bench, margin, reduction)
+            want, size = references[case]
             what = f"{kernel.id} {provider} {n_rows}x{n_dim}" + (
                 f" {reduction}" if reduction != "none" else "")
             log(what)

@@ -56,8 +56,9 @@ LABELS = (1.0, -1.0, 0.0, 2.0)  # 0 and 2 are not +-1: loss and gradient 0, as i
 
 def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
                 dtype: str = "f32") -> dict:
-    """Random x1, x2 of `dtype` (bf16: its bits), dy and labels cycling through LABELS in the
-    accumulation type, row 0 of x1 all zero."""
+    """Random x1, x2 and a dy a row (dy_stride 1) of `dtype` (bf16: its bits), labels cycling
+    through LABELS in the accumulation type, row 0 of x1 all zero. No dy is exactly 1, which
+    the keep kernels would take for a row to keep: every output is judged."""
     rng = np.random.default_rng(seed)
     x1 = rng.standard_normal((n_rows, n_dim), dtype=np.float32)
     # x2 correlated with x1, so that c spreads over (-1, 1) and crosses the margins.
@@ -68,28 +69,43 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
         x1[0] = 0.0
     acc = dtypes.get(dtype).acc
     y = np.array([LABELS[(i + seed) % len(LABELS)] for i in range(n_rows)], dtype=acc)
-    dy = rng.uniform(0.5, 2.0, size=n_rows).astype(acc)
+    dy = rng.uniform(0.5, 2.0, size=n_rows).astype(np.float32)
+    dy = dtypes.from_float(dy, dtype)
+    dy[dtypes.to_float64(dy, dtype) == 1.0] = dtypes.from_float(np.float32(1.25), dtype)
     return {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype), "y": y,
-            "dy": dy, "scale": 1.0, "dtype": dtype}
+            "dy": dy, "dy_stride": 1, "scale": 1.0, "dtype": dtype}
+
+
+def upstream(inputs: dict, n_rows: int) -> np.ndarray:
+    """The float64 upstream gradient of each row the gradient kernels read from `inputs`:
+    scale * dy[r * dy_stride], or scale without dy."""
+    dy, scale = inputs.get("dy"), inputs.get("scale", 1.0)
+    if dy is None:
+        return np.full(n_rows, float(scale))
+    values = dtypes.to_float64(np.asarray(dy), inputs.get("dtype", "f32")).reshape(-1)
+    if inputs.get("dy_stride", 1) == 0:
+        values = np.full(n_rows, values[0])
+    return float(scale) * values
 
 
 def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
     """Float64 reference outputs of `kernel` by output name, and the size each is judged by."""
     dtype = inputs.get("dtype", "f32")
     x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
-    y, dy, scale = inputs["y"], inputs.get("dy"), inputs.get("scale", 1.0)
+    y = inputs["y"]
     if kernel.kind == "sums":
         return expected_sums(kernel, inputs)
     loss = reference.forward(x1, x2, y, margin)
     if kernel.kind == "forward":
         return {"out": loss}, {"out": np.ones_like(loss)}
-    if kernel.kind == "fused":  # the upstream gradient is scale * dy, or scale without dy
-        dy = scale * (np.ones(len(y)) if dy is None else dy.astype(np.float64))
+    dy = upstream(inputs, len(y))  # scale * dy[r * dy_stride], or scale without dy
     dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
     m1, m2 = reference.gradient_magnitudes(dy, x1, x2, y, margin)
     want, size = {"dx1": dx1, "dx2": dx2}, {"dx1": m1, "dx2": m2}
     if kernel.kind == "fused":
-        want["loss"], size["loss"] = loss, np.ones_like(loss)
+        for name in ("loss", "loss_out"):  # in the accumulation type, and rounded to T
+            want[name], size[name] = loss, np.ones_like(loss)
+        want["y_out"], size["y_out"] = y.astype(np.float64), np.ones(len(y))
     return want, size
 
 
@@ -119,14 +135,18 @@ def expected_reduced(inputs: dict, margin: float) -> float:
     return float(loss.mean() if inputs["reduction"] == "mean" else loss.sum())
 
 
-def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tuple, dict]:
+def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np,
+               without: tuple[str, ...] = ()) -> tuple[tuple, dict]:
     """Launch args in the kernel's order, with NaN-filled outputs (returned by name too) made
-    by the array module `xp` (CuPy for outputs on the device)."""
+    by the array module `xp` (CuPy for outputs on the device); the optional outputs named in
+    `without` are not asked for (None)."""
     n_rows, n_dim = inputs["x1"].shape
     sizes = {"n_rows": n_rows, "n_dim": n_dim}
     outputs, args = {}, []
     for spec in kernel.args:
-        if spec.output:
+        if spec.output and spec.optional and spec.name in without:
+            args.append(None)
+        elif spec.output:
             shape = kernel.arg_shape(spec, n_rows, n_dim)
             if spec.ctype == "T*":
                 outputs[spec.name] = dtypes.nan_filled(shape, kernel.dtype, xp)
@@ -137,8 +157,10 @@ def build_args(kernel: Kernel, inputs: dict, margin: float, xp=np) -> tuple[tupl
             args.append(sizes[spec.name])
         elif spec.name == "margin":
             args.append(margin)
-        elif spec.name == "keep_dy":  # NaN: backward-keep keeps no row, every output is judged
-            args.append(inputs.get("keep_dy", float("nan")))
+        elif spec.name == "dy_stride":
+            args.append(inputs.get("dy_stride", 1))
+        elif spec.name == "scale":
+            args.append(inputs.get("scale", 1.0))
         else:
             args.append(inputs.get(spec.name))
     return tuple(args), outputs
@@ -158,9 +180,18 @@ class CaseResult:
 
 
 def output_kind(name: str) -> str:
+    """The TOLERANCES row an output is judged by: a loss stored in T (the reduction's result,
+    the fused kernel's loss_out) is judged as "reduced", rounded once to T."""
     if name in ("reduced", "sums"):
         return name
+    if name == "loss_out":
+        return "reduced"
     return "grad" if name.startswith("dx") else "loss"
+
+
+def in_accumulation_type(name: str) -> bool:
+    """Whether an output is in the accumulation type (float32 for the 16-bit types), else T."""
+    return name in ("loss", "out", "sums", "y_out")
 
 
 def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
@@ -170,7 +201,7 @@ def compare(got: dict, want: dict, size: dict, dtype: str = "f32",
     max_abs = max_rel = 0.0
     failures = []
     for name, ref in want.items():
-        in_acc = output_kind(name) in ("loss", "sums")  # the accumulation type, not T
+        in_acc = in_accumulation_type(name)
         out = np.asarray(got[name], np.float64) if in_acc else dtypes.to_float64(got[name], dtype)
         rtol, atol = tolerances[dtype, output_kind(name)]
         err = np.abs(out - ref)

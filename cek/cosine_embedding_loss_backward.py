@@ -1,19 +1,30 @@
 """CosineEmbeddingLossBackward: the Kernel for kernels/cosine_embedding_loss_backward.cu."""
 
-from cek.kernel import Arg, Kernel, RowGroups
+from cek.kernel import SM_THREADS, Arg, Kernel, RowGroups, WaveGrid
 
 ROW = ("n_rows",)
 MATRIX = ("n_rows", "n_dim")
 
 
+def upstream(optional: bool) -> tuple[Arg, ...]:
+    """The upstream gradient of row r, scale * dy[r * dy_stride]: dy in the inputs' type T, as
+    torch's gradient of a loss of that type is; dy_stride 0 reads one value for every row (a
+    mean's or a sum's 0-d gradient, in place), 1 one a row. `optional`: dy may be None, for an
+    upstream gradient of 1 (the fused kernels; a backward kernel always has a gradient)."""
+    return (Arg("dy", "T*", ROW, optional=optional, stride="dy_stride"),
+            Arg("dy_stride", "int"),
+            Arg("scale", "A"))
+
+
 class CosineEmbeddingLossBackward(Kernel):
-    """dx1, dx2 of the per-row cosine embedding loss, given the upstream gradient dy [n_rows]."""
+    """dx1, dx2 of the per-row cosine embedding loss for the upstream gradient of row r,
+    scale * dy[r * dy_stride] (upstream)."""
 
     name = "cosine_embedding_loss_backward"
     short_name = "backward"
     kind = "backward"
     args = (
-        Arg("dy", "A*", ROW),
+        *upstream(optional=False),
         Arg("x1", "T*", MATRIX),
         Arg("x2", "T*", MATRIX),
         Arg("y", "A*", ROW),
@@ -25,9 +36,10 @@ class CosineEmbeddingLossBackward(Kernel):
     )
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
-        # Header of the .cu: x1, x2 read and dx1, dx2 written once, plus dy and y; a streamed
-        # row is read twice.
-        return self._io_bytes(n_rows, n_dim, 6 if self.streamed else 4, 2)
+        # Header of the .cu: x1, x2 read and dx1, dx2 written once (a streamed row read
+        # twice), y, and a dy a row.
+        return self._io_bytes(n_rows, n_dim, 6 if self.streamed else 4, 1) + \
+            self._io_bytes(n_rows, 1, 1, 0)
 
 
 class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
@@ -40,12 +52,26 @@ class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
     twin = CosineEmbeddingLossBackward
 
 
-class CosineEmbeddingLossBackwardKeep(CosineEmbeddingLossBackwardRows):
-    """The _rows variant that leaves alone the rows whose gradient is already in dx1 and dx2:
-    a row whose dy equals `keep_dy` reads only its dy and writes nothing; a NaN keep_dy keeps
-    no row (the _rows kernel's results). cek.torch runs it after the fused kernel's forward,
-    with keep_dy = the fused kernel's scale, so an upstream gradient of 1 costs O(N) bytes."""
+class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows):
+    """The _rows variant for dx1 and dx2 that hold the gradients for an upstream gradient of 1
+    already (cek.torch's training step runs the fused kernel in the forward): a row whose dy is
+    1 is left as it is, every other row is recomputed. A grid of at most one wave (WaveGrid):
+    with one dy for every row (dy_stride 0, or no dy) at 1, each block reads it and returns, so
+    the backward of `loss.backward()` on a mean or sum costs a wave of blocks, whatever N."""
 
     name = "cosine_embedding_loss_backward_keep"
     short_name = "backward-keep"
-    args = CosineEmbeddingLossBackward.args + (Arg("keep_dy", "A"),)
+
+    @property
+    def min_blocks(self) -> int:
+        """The backward-rows kernel's rule, but at most 3/4 of an SM's threads (40 registers
+        where it fits 32): the loop over a block's rows keeps state live beside a row's work,
+        which at 32 spilled the float row groups and the tailed float and bfloat16 rows on
+        sm_80. A recomputed row keeps its one load round, and the bytes in flight an SM stay
+        above what Little's law asks (tests/test_static_targets.py)."""
+        three_quarters = max(1, SM_THREADS * 3 // 4 // self.max_threads)
+        return min(super().min_blocks, three_quarters)
+    launch_contract = ("the backward-rows kernel's block; grid [G, 1, 1] with 1 <= G <= U, "
+                       "the backward-rows kernel's grid (cek's launchers: min(U, min_blocks * "
+                       "SMs)), block b taking its units (rows, or row groups) [b*U/G, "
+                       "(b+1)*U/G)")

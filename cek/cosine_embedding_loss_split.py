@@ -12,27 +12,25 @@ one-block-per-row kernel; it and the slices depend on N and D alone, so the bits
 
 from __future__ import annotations
 
-from cek import dtypes
+from cek import dtypes, split_model
 from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackward,
                                                 CosineEmbeddingLossBackwardKeep)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.kernel import Arg, Kernel, _is_int, register_path_width
+from cek.kernel import Arg, Kernel, WaveGrid, _is_int, register_path_width
 
 THREADS = 1024
 ONE_BLOCK_MAX_N_DIM = 1 << 20  # the widest row of the one-block-per-row kernels
-# The split runs below this many rows of the streamed path (more than 16384 elements, 8192
-# doubles). There one block per row holds 56 to 62 registers a thread, one block of 1024 an
-# SM: 48 rows fill 0.36 waves of an H200's 132 SMs, 256 rows 1.94 waves (two, the second 94%
-# full). The split, at two blocks an SM (one for the gradient kernels in double) and S blocks
-# a row, fills waves from a few rows on, for one more launch and the partials; but a gradient
-# pair reads each slice again after every slice was read once, from DRAM where x1 and x2 pass
-# L2's size, where one block reads its row again at once, from L2. From 512 rows (3.9 waves)
-# the one-block-per-row kernel keeps the GPU busy and its second read cheap, so it runs there
-# (docs/design.md, "Wide rows, few of them"; a GPU run is to say where the two meet). A
-# constant, not the device's SM count: the choice sets the order of the additions, so the bits.
-SPLIT_BELOW_ROWS = 512
+# The split is weighed for fewer rows than two waves of the one-block-per-row kernel, which
+# holds one block of 1024 an SM on the streamed path: from there on it keeps every SM busy, and
+# the split's one advantage left, the last of L2 its second read finds, is within the model's
+# error. Below it cek.split_model decides, by the H200's figures: a few rows (their one block
+# each cannot keep DRAM busy) and a nearly empty second wave split (docs/design.md, "Wide rows,
+# few of them"). The model's constants, not the device's SM count: the choice sets the order
+# of a row's additions, so its bits depend on N and D alone.
+SPLIT_BELOW_ROWS = 2 * split_model.SMS
 SUMS = ("n_rows", "n_dim")  # what a workspace of partials depends on (Kernel.derived_shape)
 CHUNKS = 1  # CekSplit<T>::CHUNKS: the chunk pairs of a slice each thread holds
+SUMS_SLICES = 2  # CekSplit<T>::SUMS_SLICES: the slices a block of the sums launch reads
 # The widest row one block a row holds in registers, by dtype: the streamed path is above it.
 _STREAMED_ABOVE = {name: register_path_width(name) for name in dtypes.DTYPES}
 
@@ -60,19 +58,22 @@ def max_n_dim(dtype: str) -> int:
 
 
 def splits(n_rows: int, n_dim: int, dtype: str) -> bool:
-    """Whether cek's launchers run the split pair for an n_rows x n_dim problem: rows the
-    one-block-per-row kernels stream (cek_row.cuh), fewer than SPLIT_BELOW_ROWS of them, and
-    rows wider than those kernels take (2^20), however many."""
+    """Whether cek's launchers run the split pair for an n_rows x n_dim problem: rows wider than
+    the one-block-per-row kernels take (2^20), however many; and rows they stream (cek_row.cuh),
+    fewer than SPLIT_BELOW_ROWS of them, where cek.split_model finds the split faster."""
     if n_dim > ONE_BLOCK_MAX_N_DIM:
         return True
-    # comparisons and a lookup: torch.compile traces this (cek.torch's checks) with symbolic
-    # sizes, and cek.torch asks on every step
-    return 1 <= n_rows < SPLIT_BELOW_ROWS and n_dim > _STREAMED_ABOVE[dtype]
+    if not 1 <= n_rows < SPLIT_BELOW_ROWS or n_dim <= _STREAMED_ABOVE[dtype]:
+        return False
+    return split_model.prefers_split(n_rows, n_dim, dtypes.get(dtype).array.itemsize)
 
 
 def blocks_per_row(n_rows: int, n_dim: int, dtype: str) -> int:
-    """Blocks a row takes in cek's launches: S where they split it, else 1."""
-    return slices(n_dim, dtype) if splits(n_rows, n_dim, dtype) else 1
+    """The most blocks a row takes in cek's launches, for the grid's limit (2^31 - 1 blocks):
+    S where every N splits (rows wider than 2^20), else 1: a split of fewer than
+    SPLIT_BELOW_ROWS rows stays far below the limit. Comparisons only: torch.compile traces it
+    (cek.torch's checks) with symbolic sizes."""
+    return slices(n_dim, dtype) if n_dim > ONE_BLOCK_MAX_N_DIM else 1
 
 
 class SplitRows:
@@ -82,6 +83,7 @@ class SplitRows:
     max_block_size = THREADS
     source_file = "cosine_embedding_loss_split.cu"
     per_slice = True  # grid [n_rows * S]; the forward's second launch: [n_rows]
+    slices_per_block = 1  # the sums: SUMS_SLICES, grid [ceil(n_rows * S / SUMS_SLICES)]
     launch_contract = ("block [1024, 1, 1]; a row of n_dim elements is S = ceil(n_dim / SLICE) "
                        "slices (SLICE: 4096 floats, 8192 16-bit values, 2048 doubles); grid "
                        "[n_rows * S, 1, 1], a block a slice")
@@ -121,9 +123,13 @@ class SplitRows:
     @property
     def min_blocks(self) -> int:
         """Two blocks of 1024 an SM (32 registers), but one for the gradient kernels in double
-        (40 to 48 registers). tests/test_compile.py holds every one to 0 spills."""
-        double = dtypes.get(self.dtype).array.itemsize == 8
-        return 1 if double and self.kind in ("backward", "fused") else 2
+        (40 to 48 registers) and for the keep kernel in 16-bit types, whose loop over its slices
+        beside a 16-bit slice's conversions spilled 12 bytes at 32 registers on sm_80 and sm_90
+        (40 unbounded). tests/test_compile.py holds every one to 0 spills."""
+        itemsize = dtypes.get(self.dtype).array.itemsize
+        if itemsize == 8 and self.kind in ("backward", "fused"):
+            return 1
+        return 1 if itemsize == 2 and getattr(self, "wave_grid", False) else 2
 
     @property
     def slice_width(self) -> int:
@@ -135,7 +141,8 @@ class SplitRows:
     def _tiling_asserts(self) -> str:
         """static_asserts that CekSplit (the .cu) has this class's slice."""
         split = f"CekSplit<{dtypes.get(self.dtype).c_type}>"
-        facts = {"THREADS": THREADS, "CHUNKS": self.chunks_held, "SLICE": self.slice_width}
+        facts = {"THREADS": THREADS, "CHUNKS": self.chunks_held, "SLICE": self.slice_width,
+                 "SUMS_SLICES": SUMS_SLICES}
         return "".join(
             f'static_assert({split}::{name} == {value}, "cek/cosine_embedding_loss_split.py and '
             f'CekSplit disagree on {name}");\n' for name, value in facts.items())
@@ -149,7 +156,7 @@ class SplitRows:
         if blocks >= 2**31:
             raise ValueError(f"{n_rows} rows of {self.slices(n_dim)} slices are {blocks} blocks, "
                              f"more than a grid takes (2^31 - 1)")
-        return (blocks, 1, 1), (THREADS, 1, 1), 0
+        return (-(-blocks // self.slices_per_block), 1, 1), (THREADS, 1, 1), 0
 
     def derived_shape(self, spec: Arg, n_rows: int, n_dim: int) -> tuple[int, ...]:
         """The partials (partials_shape): the one derived argument, `sums`."""
@@ -165,16 +172,23 @@ class SplitRows:
 
 
 def _sums_arg(output: bool) -> Arg:
-    return Arg("sums", "CekSliceSums<A>*", SUMS, output=output, derived=True)
+    # CekSliceSums is alignas(16), read and written 16 bytes at a time: a misaligned workspace
+    # would be a misaligned-address fault, which loses the process's CUDA context.
+    return Arg("sums", "CekSliceSums<A>*", SUMS, output=output, derived=True, align=16)
 
 
 class CosineEmbeddingLossSplitSums(SplitRows, Kernel):
-    """The first launch of every split pair: block r*S + s writes the partial sums of slice s
-    of row r, sums[r*S + s] = (sq1, sq2, dot, far), reading x1 and x2 once."""
+    """The first launch of every split pair: the partial sums of slice s of row r,
+    sums[r*S + s] = (sq1, sq2, dot, far), reading x1 and x2 once; block b reads slices 2b and
+    2b + 1 of the N*S, all their loads in flight together, and sums each as if alone."""
 
     name = "cosine_embedding_loss_split_sums"
     short_name = "split-sums"
     kind = "sums"
+    slices_per_block = SUMS_SLICES
+    launch_contract = ("block [1024, 1, 1]; a row of n_dim elements is S = ceil(n_dim / SLICE) "
+                       "slices (SLICE: 4096 floats, 8192 16-bit values, 2048 doubles); grid "
+                       "[ceil(n_rows * S / 2), 1, 1], two slices a block")
     args = (
         Arg("x1", "T*", MATRIX),
         Arg("x2", "T*", MATRIX),
@@ -229,9 +243,12 @@ class _Gradients(_Second):
     """A second launch that reads its slice again and writes dx1 and dx2."""
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
-        # Header of the .cu: x1, x2 read again, dx1, dx2 written, the partials; y and dy
-        # (backward) or y and the loss (fused, without dy: the mean/sum case).
-        return self._io_bytes(n_rows, n_dim, 4, 2) + self.workspace_bytes(n_rows, n_dim)
+        # Header of the .cu: x1, x2 read again, dx1, dx2 written, the partials, y; and a dy a
+        # row (backward) or the loss and y_out (fused, without dy: the mean/sum case).
+        rows = self._io_bytes(n_rows, 1, 1, 0) if self.kind == "backward" else \
+            self._io_bytes(n_rows, 0, 0, 2)
+        return self._io_bytes(n_rows, n_dim, 4, 1) + rows + \
+            self.workspace_bytes(n_rows, n_dim)
 
 
 class CosineEmbeddingLossSplitBackward(_Gradients, Kernel):
@@ -244,14 +261,18 @@ class CosineEmbeddingLossSplitBackward(_Gradients, Kernel):
     args = _with_sums(CosineEmbeddingLossBackward.args, after="y")
 
 
-class CosineEmbeddingLossSplitBackwardKeep(CosineEmbeddingLossSplitBackward):
-    """The split backward that leaves a row whose dy equals `keep_dy` as it is in dx1 and dx2,
-    after reading only its dy (CosineEmbeddingLossBackwardKeep's contract): cek.torch's
-    backward after the split fused forward, with the partials that forward left."""
+class CosineEmbeddingLossSplitBackwardKeep(WaveGrid, CosineEmbeddingLossSplitBackward):
+    """The split backward for dx1 and dx2 that hold the gradients for an upstream gradient of
+    1: a row whose dy is 1 is left as it is (CosineEmbeddingLossBackwardKeep's contract), on a
+    grid of at most one wave walking the slices in the same reverse order: cek.torch's backward
+    after the split fused forward, with the partials that forward left."""
 
     name = "cosine_embedding_loss_split_backward_keep"
     short_name = "backward-keep-split"
     args = _with_sums(CosineEmbeddingLossBackwardKeep.args, after="y")
+    launch_contract = ("block [1024, 1, 1]; grid [G, 1, 1] with 1 <= G <= n_rows * S (cek's "
+                       "launchers: min(that, min_blocks * SMs)), block b taking slices b, b + G, "
+                       "... of the reverse walk; after split-sums, whose partials it reads")
 
 
 class CosineEmbeddingLossSplitFused(_Gradients, Kernel):

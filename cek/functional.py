@@ -158,11 +158,19 @@ def _xp(problem: validate.Problem):
 
 def _upstream(problem: validate.Problem, grad):
     """(dy, scale): row r's upstream gradient is scale * dy[r], or scale when dy is None.
-    dy is an [N] array for "none", a 0-d array for an array grad of "mean" or "sum"."""
+    dy is an [N] array for "none", a 0-d array for an array grad of "mean" or "sum", of the
+    grad's own dtype (the kernels' dtype: upstream_in)."""
     scale = 1.0 / problem.n_rows if problem.reduction == "mean" else 1.0
     if grad is None or isinstance(grad, numbers.Real):  # None means 1 (ones for "none")
         return None, scale * (1.0 if grad is None else float(grad))
     return (grad.reshape(problem.n_rows) if problem.reduction == "none" else grad), scale
+
+
+def upstream_in(dy, dtype: str, xp):
+    """An upstream gradient array in the kernels' dtype `dtype` (bf16: its bits), as their dy
+    takes it: rounded once to the inputs' type, as torch's gradient of a loss of that type is.
+    The NumPy path rounds it the same way, so both paths compute with the same values."""
+    return xp.ascontiguousarray(dtypes.from_float(dy, dtype, xp))
 
 
 def _run(problem, x1, x2, target, grad, *, want_loss, want_grads, out):
@@ -235,9 +243,13 @@ def _numpy_rows(problem, x1, x2, target, grad, want_loss, want_grads, out):
     y = np.asarray(target).reshape(n)
     g = None
     if want_grads:
-        acc = dtypes.get(_kernel_dtype(problem)).acc
+        dtype = _kernel_dtype(problem)
+        acc = dtypes.get(dtype).acc
         dy, scale = _upstream(problem, grad)
-        g = acc.type(scale) if dy is None else np.asarray(dy, dtype=acc) * acc.type(scale)
+        if dy is None:
+            g = acc.type(scale)
+        else:  # as the kernels: scale * dy rounded to the inputs' type, in the accumulator
+            g = dtypes.widen(upstream_in(dy, dtype, np), dtype).astype(acc) * acc.type(scale)
     inputs = (a1, a2, y) if grad is None or np.isscalar(grad) else (a1, a2, y, grad)
     dest = [_numpy_direct(buffer, (n, d), inputs) for buffer in out[1:]]
     return cpu.rows(a1, a2, y, problem.margin, g, want_loss=want_loss, want_grads=want_grads,
@@ -306,8 +318,8 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as
     uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
     r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
-    dtype). dest: buffers ([N] accumulation dtype, [N, D], [N, D] of x1's dtype) to write
-    into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
+    dtype, rounded to x1's type: upstream_in). dest: buffers ([N] accumulation dtype, [N, D],
+    [N, D] of x1's dtype) to write into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
     for reduction "mean" or "sum" the loss is a 0-d array of x1's dtype, reduced from the
     per-row losses (written into dest[0] where one is given).
     """
@@ -331,26 +343,30 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
             kernel = split.CosineEmbeddingLossSplitForward.for_n_dim(d, dtype)
             gpu.launch(kernel, y, sums, loss, n, d, margin)
         return _reduced(cupy, loss, x1.dtype, dtype, reduction), None, None
-    if dy is not None:
-        per_row = cupy.empty(n, dtype=acc)
-        per_row[...] = dy  # broadcasts a 0-d dy on the device: no host round trip
-        dy = per_row
+    # A 0-d dy is read in place for every row (dy_stride 0): no broadcast launched. The fused
+    # kernel takes no dy for a number; a backward kernel reads one, a 0-d 1 beside the scale.
+    stride = 0 if dy is None or dy.ndim == 0 else 1
+    if dy is None and not want_loss:
+        one = dtypes.from_float(np.float32(1.0), dtype)
+        dy = cupy.full((), one, dtype=dtypes.get(dtype).array)
+    elif dy is not None:
+        dy = upstream_in(dy, dtype, cupy)
+    upstream = (dy, stride, float(scale))
     if want_loss:
         if sums is None:
             kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-            gpu.launch(kernel, x1, x2, y, dy, float(scale), loss, dx1, dx2, n, d, margin)
+            gpu.launch(kernel, x1, x2, y, *upstream, loss, dx1, dx2, None, None, n, d, margin)
         else:
             kernel = split.CosineEmbeddingLossSplitFused.for_n_dim(d, dtype)
-            gpu.launch(kernel, x1, x2, y, dy, float(scale), sums, loss, dx1, dx2, n, d, margin)
+            gpu.launch(kernel, x1, x2, y, *upstream, sums, loss, dx1, dx2, None, None, n, d,
+                       margin)
         return _reduced(cupy, loss, x1.dtype, dtype, reduction), dx1, dx2
-    # The backward kernel has no scale argument: fold it into dy.
-    dy = cupy.full(n, scale, dtype=acc) if dy is None else dy * acc.type(scale)
     if sums is None:
         kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
-        gpu.launch(kernel, dy, x1, x2, y, dx1, dx2, n, d, margin)
+        gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, margin)
     else:
         kernel = split.CosineEmbeddingLossSplitBackward.for_n_dim(d, dtype)
-        gpu.launch(kernel, dy, x1, x2, y, sums, dx1, dx2, n, d, margin)
+        gpu.launch(kernel, *upstream, x1, x2, y, sums, dx1, dx2, n, d, margin)
     return None, dx1, dx2
 
 

@@ -142,6 +142,11 @@ def get_function(kernel: Kernel, options: Sequence[str] = LOADER_OPTIONS):
     return function
 
 
+def is_loaded(kernel: Kernel, device_id: int, options: Sequence[str] = LOADER_OPTIONS) -> bool:
+    """Whether get_function has compiled and loaded `kernel` on device `device_id` already."""
+    return (kernel.cache_key(), tuple(options), device_id) in _functions
+
+
 def _cupy_nvrtc(cupy) -> tuple:
     """(version, upgrade command) of the NVRTC CuPy compiles with, for CompileError."""
     major, minor = cupy.cuda.nvrtc.getVersion()
@@ -188,27 +193,46 @@ def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream
              stream=stream)
 
 
-def launch(kernel: Kernel, *args, stream=None, checked: tuple | None = None) -> None:
-    """Check `args` (once), take the kernel's own launch configuration, and launch on `stream`
-    (default: CuPy's current stream; any object with CuPy's `ptr` of a stream will do).
-
-    `checked`: the (grid, block, shared_mem) of an earlier launch of `kernel` that passed these
-    checks with arguments of the same types, dtypes, shapes, layout and devices, which the
-    caller keeps track of (cek.torch does, per signature). `args` then go to the kernel as
-    they are: scalars already cast, device pointers as ints (0 for none)."""
-    if checked is not None:
-        grid, block, shared_mem = checked
-        get_function(kernel)(grid, block, args, shared_mem=shared_mem, stream=stream)
-        return
+def launch(kernel: Kernel, *args, stream=None) -> None:
+    """Check `args`, take the kernel's own launch configuration, and launch on `stream`
+    (default: CuPy's current stream; any object with CuPy's `ptr` of a stream will do). A
+    kernel with a wave grid (kernel.WaveGrid: the keep kernels) gets the grid of one wave of
+    the current device."""
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
-    grid, block, shared_mem = _launch_config(kernel, *kernel.problem_size(cast))
+    problem = kernel.problem_size(cast)
+    sms = multiprocessors(cupy.cuda.Device().id) if getattr(kernel, "wave_grid", False) else None
+    grid, block, shared_mem = _launch_config(kernel, *problem, sms=sms)
     _launch_checked(cupy, kernel, LOADER_OPTIONS, grid, block, cast, shared_mem, stream)
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_config(kernel: Kernel, *problem) -> tuple:
+def _launch_config(kernel: Kernel, *problem, sms: int | None = None) -> tuple:
     """kernel.launch_config, memoized per problem (kernel.problem_size: n_rows and n_dim; for
-    the reduction, whether partials are given too): a training loop launches the same few
-    problems step after step, and a launch's host time counts on small batches."""
-    return kernel.launch_config(*problem)
+    the reduction, whether partials are given too) and, for a wave grid, the device's
+    multiprocessors: a training loop launches the same few problems step after step, and a
+    launch's host time counts on small batches."""
+    if sms is None:
+        return kernel.launch_config(*problem)
+    return kernel.launch_config(*problem, sms=sms)
+
+
+@functools.lru_cache(maxsize=64)
+def multiprocessors(device_id: int) -> int:
+    """The multiprocessors (SMs) of CUDA device `device_id`: what a wave of blocks is made of."""
+    cupy = require_cupy()
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
+class CaptureError(RuntimeError):
+    """A kernel's first launch was asked for inside a CUDA-graph capture."""
+
+
+def refuse_capture(kernel: Kernel) -> None:
+    """CaptureError: the first launch of `kernel` (for a signature) compiles it with NVRTC and
+    loads the module, which a CUDA-graph capture does not allow (the capture would fail with
+    CUDA's error, and the graph with it). Said before anything is asked of the device."""
+    raise CaptureError(
+        f"{kernel.id} has not run yet in this process, and its first launch compiles and loads "
+        f"it, which CUDA-graph capture forbids: run the step once before capturing it (a "
+        f"warm-up with the same shapes and dtypes), as torch.cuda.graph's own docs advise")

@@ -40,7 +40,9 @@ class Arg:
     `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
     An `optional` pointer may be None, which the kernel sees as nullptr. A `derived` pointer's
     shape is no product of int arguments (a workspace of the split kernels): the kernel class
-    gives it (`Kernel.derived_shape`), and `shape` only names what it depends on.
+    gives it (`Kernel.derived_shape`), and `shape` only names what it depends on. A pointer
+    with a `stride` names the int argument that says how it is read: 1, an array of `shape`;
+    0, one value read for every row (a mean's 0-d upstream gradient, read in place).
     """
 
     name: str
@@ -49,6 +51,8 @@ class Arg:
     output: bool = False
     optional: bool = False
     derived: bool = False
+    stride: str | None = None
+    align: int = 0  # bytes its address must be a multiple of, beyond its element's (0: none)
 
     @functools.cached_property  # asked several times per argument on every launch
     def is_pointer(self) -> bool:
@@ -215,12 +219,6 @@ class Kernel:
     def __hash__(self) -> int:
         return hash((type(self), self.name, self.block_size, self.dtype))
 
-    def compile(self, arch: str = "sm_90", options: tuple[str, ...] = ()):
-        """PTX, CUBIN and ptxas's resource report, without a GPU (see cek.compile)."""
-        from cek.compile import compile_kernel
-
-        return compile_kernel(self, arch, options)
-
     # -- launching ---------------------------------------------------------------------------
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
@@ -385,9 +383,13 @@ class Kernel:
                 value, (bool, np.bool_)
             ):
                 raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-            cast[i] = c_type(value)
+            cast[i] = c_scalar(c_type, value)
         shapes = [tuple(int(cast[j]) for j in dims) for dims in shapes]
-        for i, spec, want, shape_at in pointers:
+        for i, spec, want, shape_at, stride_at in pointers:
+            stride = None if stride_at is None else int(cast[stride_at])
+            if stride not in (None, 0, 1):
+                raise ValueError(f"{spec.stride} must be 0 (one {spec.name} for every row) or 1 "
+                                 f"(one a row), got {stride}")
             value = args[i]
             if value is None and spec.optional:
                 continue
@@ -402,11 +404,19 @@ class Kernel:
                 if tuple(value.shape) != shape:
                     raise ValueError(f"{spec.name} must have shape {shape} for this problem "
                                      f"({self.derived_rule(spec)}), got {value.shape}")
+            elif stride == 0:
+                if value.size != 1:
+                    raise ValueError(f"{spec.name} must hold one value for {spec.stride} = 0, "
+                                     f"got shape {value.shape}")
             elif tuple(value.shape) != shapes[shape_at]:
                 raise ValueError(f"{spec.name} must have shape ({', '.join(spec.shape)}) = "
                                  f"{shapes[shape_at]}, got {value.shape}")
             if not value.flags.c_contiguous:
                 raise ValueError(f"{spec.name} must be C-contiguous")
+            if spec.align and address(value) % spec.align:
+                raise ValueError(f"{spec.name} must start at a multiple of {spec.align} bytes "
+                                 f"(the kernel reads it {spec.align} bytes at a time), got "
+                                 f"address {address(value):#x}")
         return tuple(cast)
 
     def problem_size(self, cast_args: Sequence[Any]) -> tuple[int, int]:
@@ -473,6 +483,39 @@ class RowGroups:
         return (math.ceil(n_rows / rows_per_block), 1, 1), (GROUPED_THREADS, 1, 1)
 
 
+class WaveGrid:
+    """Mixin of the keep kernels: the block of the kernel it extends, and a grid of at most one
+    wave. Where one block a row (a row group, a slice) would have `most` blocks, G blocks with
+    1 <= G <= most each take an even share of them, so that a launch whose work is mostly
+    nothing (an upstream gradient of 1: every row kept) costs a wave of blocks, not N. The
+    results do not depend on G: each row is computed by one block (or group) as it would be
+    alone. The launchers take G = min(most, min_blocks * SMs), the blocks the entry point's
+    __launch_bounds__ keeps resident on every SM of the device."""
+
+    wave_grid = True
+
+    def launch_config(self, n_rows: int, n_dim: int, sms: int | None = None):
+        """(grid, block, shared_mem); without `sms` (the device's multiprocessors) the grid is
+        the widest one, a block for each row (row group, slice)."""
+        (most, _, _), block, shared_mem = super().launch_config(n_rows, n_dim)
+        if sms is not None:
+            if not _is_int(sms) or sms < 1:
+                raise ValueError(f"sms must be a positive int, got {sms!r}")
+            most = min(most, self.min_blocks * int(sms))
+        return (most, 1, 1), block, shared_mem
+
+    def check_launch(self, grid, block, n_rows: int, n_dim: int) -> None:
+        """ValueError unless block is launch_config's and grid is [G, 1, 1], 1 <= G <= the
+        widest grid: fewer blocks only take more rows each."""
+        (most, _, _), want_block, _ = self.launch_config(n_rows, n_dim)
+        got_grid, got_block = _dims3(grid), _dims3(block)
+        if got_block != want_block or got_grid is None or got_grid[1:] != (1, 1) or \
+                not 1 <= got_grid[0] <= most:
+            raise ValueError(
+                f"{self.id}: grid {grid!r}, block {block!r}: launch_config({n_rows}, {n_dim}) "
+                f"takes block {want_block} and grid [G, 1, 1] with 1 <= G <= {most}")
+
+
 # The modules whose classes set `short_name`, in the order kernel_classes lists them.
 KERNEL_MODULES = ("cek.cosine_embedding_loss_backward", "cek.cosine_embedding_loss_forward",
                   "cek.cosine_embedding_loss_fused", "cek.cosine_embedding_loss_split")
@@ -505,6 +548,25 @@ def _cache_key(kernel: Kernel) -> str:
     return hashlib.sha256(_source(kernel).encode()).hexdigest()
 
 
+def address(array) -> int:
+    """Where an array's data starts: a CuPy array's device pointer, a NumPy array's address."""
+    pointer = getattr(getattr(array, "data", None), "ptr", None)
+    return int(pointer) if pointer is not None else int(array.__array_interface__["data"][0])
+
+
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def c_scalar(c_type: type, value) -> Any:
+    """`value` as the kernel's C type (a NumPy scalar type). A finite float beyond float32's
+    range becomes an infinity of its sign, as the kernel's float arithmetic would make it,
+    without NumPy's overflow warning (an exception under `-W error`)."""
+    if c_type is np.float32 and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        with np.errstate(over="ignore"):
+            return c_type(value)
+    return c_type(value)
+
+
 def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
     if arg.ctype == "int":
         return np.dtype(np.int32)
@@ -514,8 +576,9 @@ def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
 
 # check_args runs on every launch: what it needs of a class's `args` (a ClassVar) for one dtype
 # is worked out once. Scalars: (position, name, is an int, C type); pointers: (position, Arg,
-# dtype, which of the shapes, None for a derived one); shapes: the positions of the int
-# arguments giving each distinct shape (the kernels have two: [N, D] and [N]).
+# dtype, which of the shapes, None for a derived one, the position of its stride argument or
+# None); shapes: the positions of the int arguments giving each distinct shape (the kernels
+# have two: [N, D] and [N]).
 @functools.lru_cache(maxsize=None)
 def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tuple]:
     args = kernel_class.args
@@ -525,7 +588,8 @@ def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tup
     shapes = tuple(dict.fromkeys(tuple(at[s] for s in spec.shape) for spec in args
                                  if spec.is_pointer and not spec.derived))
     pointers = tuple((i, spec, _arg_dtype(dtype, spec),
-                      None if spec.derived else shapes.index(tuple(at[s] for s in spec.shape)))
+                      None if spec.derived else shapes.index(tuple(at[s] for s in spec.shape)),
+                      None if spec.stride is None else at[spec.stride])
                      for i, spec in enumerate(args) if spec.is_pointer)
     return scalars, pointers, shapes
 

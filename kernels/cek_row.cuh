@@ -162,7 +162,10 @@ __device__ __forceinline__ CekChunk<T> cek_load_chunk(const T* __restrict__ row,
     return u.chunk;
 }
 
-template <typename T>
+// STREAM: a store the kernel will not read again, with the evict-first hint (st.global.cs):
+// the split's gradient kernels store dx this way, so that it does not push out of L2 the slices
+// of x1 and x2 their reverse walk has still to read (cosine_embedding_loss_split.cu).
+template <bool STREAM = false, typename T>
 __device__ __forceinline__ void cek_store_chunk(T* __restrict__ row, int chunk, int n_dim,
                                                 bool vec, const CekChunk<T>& c) {
     constexpr int VEC = CekVec<T>::N;
@@ -174,7 +177,10 @@ __device__ __forceinline__ void cek_store_chunk(T* __restrict__ row, int chunk, 
             CekChunk<T> chunk;
         } u;
         u.chunk = c;
-        reinterpret_cast<int4*>(row)[chunk] = u.raw;
+        if constexpr (STREAM)
+            __stcs(reinterpret_cast<int4*>(row) + chunk, u.raw);
+        else
+            reinterpret_cast<int4*>(row)[chunk] = u.raw;
         return;
     }
     CEK_RARE_PATH();  // a misaligned view
@@ -529,6 +535,44 @@ __device__ __forceinline__ Acc cek_row_loss(Acc c, Acc y, Acc margin) {
     return Acc(0);
 }
 
+// The upstream gradient of a row, before the reduction's scale: the gradient kernels take dy in
+// the inputs' type T (torch's gradient of a loss of that type, read as it comes: no cast is
+// launched first), dy_stride 1 for one value a row and 0 for one value for every row (a mean's
+// or a sum's 0-d gradient, read in place: no expand). Loaded as T and widened where it is used,
+// after the row's sums: a conversion right after the load waited for it before the row's loads
+// went out (two load rounds in the 16-bit backward kernels).
+template <typename T>
+__device__ __forceinline__ T cek_upstream(const T* __restrict__ dy, int dy_stride, int row) {
+    return dy[row * dy_stride];  // dy_stride is 0 or 1: row * dy_stride < 2^31
+}
+
+// The same where dy may be nullptr, which stands for an upstream gradient of 1 (the fused
+// kernels': cek.torch's training step computes the gradients of a mean's or a sum's 1). The
+// backward kernels take a dy always: the test for nullptr cost the tailed bfloat16 backward
+// kernel a register (12 bytes spilled at 32 registers on sm_90).
+template <typename T>
+__device__ __forceinline__ T cek_upstream_or_one(const T* __restrict__ dy, int dy_stride,
+                                                 int row) {
+    return dy == nullptr ? CekType<T>::one() : cek_upstream(dy, dy_stride, row);
+}
+
+// A row's loss, by the one thread that writes it, into what the caller gave (each may be
+// nullptr): in the accumulation type (what a reduction reads) and in the inputs' type
+// (reduction "none"'s result).
+template <typename T>
+__device__ __forceinline__ void cek_store_row_loss(CekAcc<T>* __restrict__ loss,
+                                                   T* __restrict__ loss_out, int row,
+                                                   CekAcc<T> row_loss) {
+    if (loss != nullptr) loss[row] = row_loss;
+    if (loss_out != nullptr) loss_out[row] = CekType<T>::from_acc(row_loss);
+}
+
+// A value of an element type in its accumulation type (a value already in it stays as it is).
+template <typename V>
+__device__ __forceinline__ CekAcc<V> cek_widen(V v) {
+    return CekType<V>::to_acc(v);
+}
+
 // coeff = d loss / d c times the upstream gradient g.
 template <typename Acc>
 __device__ __forceinline__ Acc cek_row_coeff(Acc c, Acc y, Acc margin, Acc g) {
@@ -616,17 +660,24 @@ __device__ __forceinline__ int cek_tail_element() {
 // The register path's loads and sums of this thread's part of a row, a tailed row's element
 // included, its loads issued after the chunks' (issued before them, the element was widened
 // before the chunk loads went out: two load rounds).
-template <int BLOCK_SIZE, typename T>
+template <int BLOCK_SIZE, typename T, typename Loaded>
 __device__ __forceinline__ CekSums<CekAcc<T>> cek_load_block_row(
     CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp, const T* __restrict__ x1,
-    const T* __restrict__ x2, int n_dim, bool vec) {
+    const T* __restrict__ x2, int n_dim, bool vec, Loaded loaded) {
     if constexpr (!CekTiling<BLOCK_SIZE, T>::TAILED) {
-        return cek_load_row_pair(rp, x1, x2, n_dim, vec, threadIdx.x, blockDim.x);
+        cek_load_pairs(rp.a, rp.b, x1, x2, threadIdx.x, blockDim.x, n_dim, vec);
+        loaded();
+        CekSums<CekAcc<T>> s = {0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
+            cek_accumulate(s, rp.a[i], rp.b[i]);
+        return s;
     } else {
         cek_load_pairs(rp.a, rp.b, x1, x2, threadIdx.x, blockDim.x, n_dim, vec);
         const int k = cek_tail_element<BLOCK_SIZE, T>();
         const T zero = CekType<T>::from_acc(0);
         const T a = k < n_dim ? x1[k] : zero, b = k < n_dim ? x2[k] : zero;
+        loaded();
         CekSums<CekAcc<T>> s = {0, 0, 0};
 #pragma unroll
         for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
@@ -645,16 +696,28 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_load_block_row(
 // ordinary rows and once, behind CEK_RARE_PATH, for huge ones, so the ordinary path's code and
 // registers are its own: nothing of the huge branch joins it. The branch is uniform: every
 // thread holds the same sums.
-template <int BLOCK_SIZE, typename T, typename Finish>
+//
+// loaded() runs once the row's loads are issued and before any loaded value is used (on the
+// streamed path, once the row's first pass is summed): for work that waits on something
+// loaded with them,
+// such as the fused kernel's copy of the label, which placed anywhere else held a register
+// through the row's work or made the thread wait before issuing the row's loads.
+struct CekNothing {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <int BLOCK_SIZE, typename T, typename Finish, typename Loaded = CekNothing>
 __device__ __forceinline__ auto cek_block_row(CekRowPair<CekTiling<BLOCK_SIZE, T>::CHUNKS, T>& rp,
                                               const T* __restrict__ x1,
                                               const T* __restrict__ x2, int n_dim, bool vec,
-                                              Finish finish) {
+                                              Finish finish, Loaded loaded = {}) {
     CekSums<CekAcc<T>> s;
-    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED)
+    if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED) {
         s = cek_stream_row_sums(x1, x2, n_dim, vec);
-    else
-        s = cek_load_block_row<BLOCK_SIZE>(rp, x1, x2, n_dim, vec);
+        loaded();  // after the loop: before it, warp 0 issued its first loads a round late
+    } else {
+        s = cek_load_block_row<BLOCK_SIZE>(rp, x1, x2, n_dim, vec, loaded);
+    }
     s = cek_block_sum(s);
     if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});
     CEK_RARE_PATH();  // a huge row
@@ -702,19 +765,28 @@ struct CekGroupRow {
     CekCosine<CekAcc<T>> k;
 };
 
-// This lane's row of a row group; the caller loads the row's labels with r.row before the row
-// itself (cek_group_row_cosine), so that both are in flight together.
+// This lane's row of a row group, `row` (live: a row to compute; the lanes of a group that is
+// not live take part in the shuffles with zeros). The caller loads the row's labels with r.row
+// before the row itself (cek_group_row_cosine), so that both are in flight together.
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_at(int row, bool live,
+                                                                       int n_dim) {
+    static_assert(CekTiling<BLOCK_SIZE, T>::GROUPED,
+                  "row groups need rows of at most 64 chunks, 256 elements");
+    CekGroupRow<BLOCK_SIZE, T> r;
+    r.lane = threadIdx.x % CekTiling<BLOCK_SIZE, T>::GROUP;
+    r.row = row;
+    r.live = live;
+    r.offset = live ? static_cast<long long>(row) * n_dim : 0;
+    return r;
+}
+
+// The row of this lane's group where block b holds rows b * (blockDim.x / GROUP) onwards.
 template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row(int n_rows, int n_dim) {
-    using Tiling = CekTiling<BLOCK_SIZE, T>;
-    static_assert(Tiling::GROUPED, "row groups need rows of at most 64 chunks, 256 elements");
-    constexpr int GROUP = Tiling::GROUP;
-    CekGroupRow<BLOCK_SIZE, T> r;
-    r.lane = threadIdx.x % GROUP;
-    r.row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
-    r.live = r.row < n_rows;
-    r.offset = r.live ? static_cast<long long>(r.row) * n_dim : 0;
-    return r;
+    constexpr int GROUP = CekTiling<BLOCK_SIZE, T>::GROUP;
+    const int row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
+    return cek_group_row_at<BLOCK_SIZE, T>(row, row < n_rows, n_dim);
 }
 
 // Loads r's row and finds its cosine, rescaled as cek_block_row_cosine does for a row that is

@@ -8,6 +8,8 @@
 //   cek_f16   IEEE binary16      float    8
 //   cek_bf16  bfloat16           float    8
 //
+// one() is 1 in T, as bits where T is a 16-bit type: no conversion instruction for a constant.
+//
 // Accumulating in float is what keeps half inputs safe: sq1, sq2 and dot never form in half (so
 // a zero row, sq1 * sq2 overflowing 65504 or underflowing to 0 cannot turn into NaN, 1 or -inf).
 #pragma once
@@ -37,6 +39,7 @@ struct CekType;
 template <>
 struct CekType<float> {
     using Acc = float;
+    __device__ static __forceinline__ float one() { return 1.0f; }
     __device__ static __forceinline__ float to_acc(float v) { return v; }
     __device__ static __forceinline__ float from_acc(float v) { return v; }
 };
@@ -44,6 +47,7 @@ struct CekType<float> {
 template <>
 struct CekType<double> {
     using Acc = double;
+    __device__ static __forceinline__ double one() { return 1.0; }
     __device__ static __forceinline__ double to_acc(double v) { return v; }
     __device__ static __forceinline__ double from_acc(double v) { return v; }
 };
@@ -52,6 +56,7 @@ struct CekType<double> {
 template <>
 struct CekType<cek_bf16> {
     using Acc = float;
+    __device__ static __forceinline__ cek_bf16 one() { return {0x3f80}; }
     __device__ static __forceinline__ float to_acc(cek_bf16 v) {
         return cek_float_from_bits(static_cast<unsigned>(v.bits) << 16);
     }
@@ -83,6 +88,7 @@ struct CekType<cek_bf16> {
 template <>
 struct CekType<cek_f16> {
     using Acc = float;
+    __device__ static __forceinline__ cek_f16 one() { return {0x3c00}; }
     __device__ static __forceinline__ float to_acc(cek_f16 v) {
 #ifdef __CUDA_ARCH__
         float f;

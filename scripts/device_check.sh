@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads),
 # built so that it cannot come back without figures. Results land under $OUT (default ./out):
+#   doctor.txt     `cek doctor`: the driver, the GPU, CuPy, its NVRTC and headers, torch, and
+#                  one fused launch against the CPU path
 #   env.txt        preflight: GPU, C compiler, imports, a tiny CuPy compile + launch, versions
 #                  (CuPy's NVRTC and cek's among them)
 #   compile.log    every kernel the bench steps launch, compiled by CuPy before any is timed
@@ -9,10 +11,10 @@
 #   gpu_tests.log  the gpu test tier
 #   bench.json     every timed row of every step (field "run": the step), merged at the end
 #   bench_fused.png
-# Order, what a first run needs first: the preflight and the compile of every kernel the steps
-# use; cek at the target shapes (fused alone and as a mean, forward, backward, and a training
-# step through cek.torch, eager and from a CUDA graph, beside torch's eager step), and the few
-# wide rows that run split, both ways; the gpu tier
+# Order, what a first run needs first: cek doctor, the preflight and the compile of every kernel
+# the steps use; cek at the target shapes (fused alone and as a mean, forward, backward, the keep
+# kernel kept and recomputing, and a training step through cek.torch, eager and from a CUDA
+# graph, beside torch's eager step), and the few wide rows both ways; the gpu tier
 # (its CLI bench test, the slowest, deselected: the steps here run that bench); the baselines and
 # the sweeps; torch.compile last (its first compiles take tens of seconds; first_s in its rows is
 # that time). Each step has a timeout; the timeouts, and each one's KILL_AFTER_S, add up to less
@@ -88,7 +90,8 @@ for name in ("cupy", "torch", "triton", "pytest", "hypothesis", "matplotlib", "c
         print(name, importlib.metadata.version(name))
     except importlib.metadata.PackageNotFoundError:  # cuda.bindings: distribution cuda-bindings
         print(name, getattr(module, "__version__", "(no version found)"))
-# The static figures beside each row need NVRTC (cuda.bindings, above) and NVIDIA's disassembler.
+# The static figures beside each row need NVRTC (CuPy's where CuPy is installed, else
+# cuda.bindings', above) and NVIDIA's disassembler.
 try:
     from cek import sass
     tool = sass.find_nvdisasm()
@@ -112,8 +115,11 @@ PY
 export -f preflight
 export OUT PY
 
+# cek doctor first: the GPU path's facts, one launch against the CPU path, each problem's fix.
+step doctor 30 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
+
 # 1. Preflight: a missing piece is named in the first seconds, here and in env.txt.
-step preflight 20 bash -c preflight >"$OUT/env.txt" 2>&1
+step preflight 15 bash -c preflight >"$OUT/env.txt" 2>&1
 grep MISSING "$OUT/env.txt"
 
 # 2. Every kernel the bench steps launch, compiled by CuPy into its disk cache, so that no
@@ -124,23 +130,23 @@ step compile 42 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/co
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
 #    (the mean and its backward) through cek.torch, eager and replayed from a CUDA graph, beside
 #    torch's eager step; at 65536x768 forward and backward too (the *_rows variants run their
-#    twins' code at this width).
+#    twins' code at this width), and the step's backward, the keep kernel, where it keeps (an
+#    upstream gradient of 1: a wave of blocks that read one value) and where it recomputes.
 STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
-bench cek_768 38 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
-    $STEP
+bench cek_768 40 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+    --kernel backward-keep $STEP
 bench cek_4096 16 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
 bench cek_128 25 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
-# Few wide rows, split across blocks (48 and 8 rows of 2^20, 256 of 32768): the split's fused and
-# forward pairs beside the one-block-per-row kernels they replace there, and cek.torch's step
-# (the split's) beside torch's. At 1024 rows of 32768 the launchers keep one block a row: both
-# timed there too, where SPLIT_BELOW_ROWS is to be judged.
+# Few wide rows: the split's fused and forward pairs beside the one-block-per-row kernels, both
+# ways at each shape, where the threshold's model (docs/design.md, "Wide rows, few of them")
+# puts the crossover: 48 rows of 2^20 (split), and 48, 128 and 256 rows of 32768 (split below
+# SPLIT_BELOW_ROWS, one block a row from it), with cek.torch's step beside torch's.
 SPLIT="--kernel fused --kernel fused-split --kernel forward-rows --kernel forward-split \
     --dtype f32 --dtype bf16 --repeat 50"
 bench split_48 20 --n-dim 1048576 --n-rows 48 $SPLIT --baseline cek-torch,torch
-bench split_8 8 --n-dim 1048576 --n-rows 8 $SPLIT --baseline none
+bench split_48_32k 8 --n-dim 32768 --n-rows 48 $SPLIT --baseline none
+bench split_128 10 --n-dim 32768 --n-rows 128 $SPLIT --baseline cek-torch,torch
 bench split_256 12 --n-dim 32768 --n-rows 256 $SPLIT --baseline cek-torch,torch
-bench split_1024 8 --n-dim 32768 --n-rows 1024 --kernel fused --kernel fused-split --dtype f32 \
-    --repeat 50 --baseline none
 
 # 4. The gpu tier: kernels, functional API, cek.torch against the float64 reference, and the
 #    mean and sum at 65536x768 launch after launch; not the CLI bench test, which the steps here
@@ -149,11 +155,10 @@ step gpu_tests 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests \
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
-# 5. The CuPy baseline at the target shapes (cek again in each step: its speed-up is same-run).
+# 5. The CuPy baseline at 65536x768 (cek again in the step: its speed-up is same-run; the sweep
+#    below has CuPy at the other widths).
 bench base_768 15 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --repeat 100 --baseline cupy
-bench base_4096 8 --n-dim 4096 --n-rows 8192 --kernel fused --repeat 100 --baseline cupy
-bench base_128 10 --n-dim 128 --n-rows 1048576 --kernel fused --repeat 100 --baseline cupy
 
 # 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
@@ -174,7 +179,7 @@ bench sweep_rows 6 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
 #    with `cek bench --n-dim 4096 --n-rows 8192 --dtype f32 --dtype bf16 --baseline
 #    torch-compile,cek-torch-compile`, and at 128 x 1048576). Its compile time is first_s in its
 #    rows; whatever it does, it can cost no other figure.
-bench torch_compile 40 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
+bench torch_compile 35 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
     --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.

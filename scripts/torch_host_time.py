@@ -76,6 +76,7 @@ def cuda_path():
         patch.setattr(gpu, "get_function", _REAL_GET_FUNCTION)
         patch.setattr(gpu, "_functions", compiled)
         patch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+        patch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         patch.setattr(ct, "_PLAIN", (*ct._PLAIN, CudaLike))
         yield compiled
 

@@ -38,6 +38,9 @@ FAKE_MS = (0.1, 0.2, 0.3, 0.4, 0.5)
 NAME = "Stand-in GPU (NumPy and the cek emulator)"
 CUDA_VERSION = 12080
 NVRTC_VERSION = (12, 8)
+# The stand-in GPU's multiprocessors: few, so that a keep kernel's wave grid (a few blocks a
+# multiprocessor) is smaller than a block a row at the tests' shapes, and its loops run.
+SMS = 2
 
 
 _GPU0 = types.SimpleNamespace(id=0)
@@ -141,7 +144,8 @@ class StandIn:
             get_current_stream=lambda: types.SimpleNamespace(synchronize=self._synchronize),
             runtime=types.SimpleNamespace(
                 getDeviceCount=itertools.repeat(1).__next__,  # compiled, as CuPy's: untraceable
-                getDeviceProperties=lambda device_id: {"name": NAME.encode()},
+                getDeviceProperties=lambda device_id: {"name": NAME.encode(),
+                                                        "multiProcessorCount": SMS},
                 runtimeGetVersion=lambda: CUDA_VERSION,
                 driverGetVersion=lambda: CUDA_VERSION,
             ),
@@ -228,6 +232,8 @@ def _arrays_at_pointers(kernel, args) -> tuple:
                 # the split's partial sums: a derived shape (Kernel.arg_shape)
                 if spec.name == "partials":
                     shape = (kernel.blocks(sizes["n_rows"]),)
+                elif spec.stride is not None and sizes[spec.stride] == 0:
+                    shape = ()  # one value read for every row (a 0-d dy)
                 elif spec.derived:
                     shape = kernel.arg_shape(spec, sizes["n_rows"], sizes["n_dim"])
                 else:

@@ -58,11 +58,12 @@ def test_bench_without_a_gpu_exits_1_with_one_line(monkeypatch):
     from cek import gpu
 
     monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    monkeypatch.setattr(gpu, "no_device_reason", lambda: "no NVIDIA driver is installed")
     result = CliRunner().invoke(main, ["bench", "--n-dim", "768"])
     assert result.exit_code == 1
     assert result.stderr == (
-        "Error: no CUDA device, and bench times GPU kernels only; `cek check --device cpu` "
-        "and `cek compile` work without one\n")
+        "Error: no CUDA device (no NVIDIA driver is installed), and bench times GPU kernels "
+        "only; `cek check --device cpu` and `cek compile` work without one\n")
     assert "no device for a GPU-only command" in " ".join(
         CliRunner().invoke(main, ["--help"]).output.split())
 
@@ -242,9 +243,13 @@ def _short(failure: str) -> tuple[str, str]:
 
 def _bytes(kernel: str, dtype: str, n: int, d: int, reduction: str = "none") -> int:
     """The row kernel's bytes, and a mean's: the per-row losses read again, the result written
-    (A*N + S)."""
+    (A*N + S); a keep kernel's kept case its one dy, its recompute case the backward's with
+    that one dy in place of one a row."""
     k = kernel_classes()[kernel].for_n_dim(d, dtype)
-    n_bytes = k.bytes_moved(n, d)
+    itemsize = dtypes.get(dtype).array.itemsize
+    if reduction == "kept":
+        return itemsize
+    n_bytes = k.bytes_moved(n, d) - (itemsize * (n - 1) if reduction == "recompute" else 0)
     if k.first is not None:  # a split pair: its partial sums first
         n_bytes += k.first.for_n_dim(d, dtype).bytes_moved(n, d)
     if reduction == "mean":
@@ -256,7 +261,8 @@ def _bytes(kernel: str, dtype: str, n: int, d: int, reduction: str = "none") -> 
 def _refused(dtype: str, d: int) -> set:
     """Providers right to fail: PyTorch in float16 at D = 768, where sq1*sq2 (~768^2) overflows
     float16 to inf, the cosine comes out 0 and the loss 1 (README: eager PyTorch gives 1 there)."""
-    return {(k, "torch") for k in KERNELS} if (dtype, d) == ("f16", 768) else set()
+    refused = {(k, "torch") for k in KERNELS if not getattr(kernel_classes()[k], "wave_grid", False)}
+    return refused if (dtype, d) == ("f16", 768) else set()
 
 
 def test_what_each_provider_times():
@@ -265,24 +271,28 @@ def test_what_each_provider_times():
     assert bench.reductions(fused, "cupy", 64, 8) == ("none",)
     assert all(bench.reductions(fused, p, 64, 8) == ("mean",) for p in bench.PROVIDERS[2:])
     assert bench.reductions(forward, "torch", 64, 8) == ("none",)
+    keep = kernel_classes()["backward-keep"].for_n_dim(8)
+    assert bench.reductions(keep, "cek", 64, 8) == ("kept", "recompute")
+    assert all(bench.reductions(keep, p, 64, 8) == () for p in bench.PROVIDERS[1:])
     assert all(bench.reductions(forward, p, 64, 8) == () for p in bench.CEK_TORCH_PROVIDERS)
     assert bench.bytes_moved(fused, "mean", 64, 768) == fused.bytes_moved(64, 768) + 4 * 64 + 4
-    # The baselines beside the kernel cek's launchers run at the shape: the split's pair for 48
+    # The baselines beside the kernel cek's launchers run at the shape: the split's pair for 8
     # rows of 2^20, one block a row for 512 rows of 32768; cek itself whichever is asked for.
     split_fused = kernel_classes()["fused-split"].for_n_dim(1 << 20)
     sums = kernel_classes()["split-sums"].for_n_dim(1 << 20)
-    for n, d, picked in ((48, 1 << 20, split_fused), (512, 32768, fused)):
+    for n, d, picked in ((8, 1 << 20, split_fused), (512, 32768, fused)):
         for kernel in (fused, split_fused):
             assert bench.reductions(kernel, "cek", n, d) == ("none", "mean")
             want = ("mean",) if kernel is picked else ()
             assert bench.reductions(kernel, "torch", n, d) == want
             assert bench.reductions(kernel, "cek-torch", n, d) == want
-    assert bench.reductions(sums, "cek", 48, 1 << 20) == ("none",)
-    assert bench.reductions(sums, "cupy", 48, 1 << 20) == ()
-    # a pair's bytes: the partial sums' launch and the second one's
-    assert bench.bytes_moved(split_fused, "none", 48, 1 << 20) == \
-        sums.bytes_moved(48, 1 << 20) + split_fused.bytes_moved(48, 1 << 20) == \
-        16 * 48 * (6 << 20) // 4 + 8 * 4 * 48 * 256 + 8 * 48
+    assert bench.reductions(sums, "cek", 8, 1 << 20) == ("none",)
+    assert bench.reductions(sums, "cupy", 8, 1 << 20) == ()
+    # a pair's bytes: the partial sums' launch and the second one's (x1, x2 twice, dx1, dx2,
+    # the partials written and read, y read, the loss and the labels' copy written)
+    assert bench.bytes_moved(split_fused, "none", 8, 1 << 20) == \
+        sums.bytes_moved(8, 1 << 20) + split_fused.bytes_moved(8, 1 << 20) == \
+        16 * 8 * (6 << 20) // 4 + 8 * 4 * 8 * 256 + 3 * 4 * 8
 
 
 @pytest.mark.emulator
@@ -310,8 +320,10 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
         assert standin.elapsed_reads - reads == 50 * (1 + len(timed))
         # cek: the kernel of the dtype, once through gpu.load, once checked, 5 + 50 timed,
         # after the first of its pair (the split's partial sums); the fused kernels twice
-        # (alone and as a mean), the mean's reduction after each.
-        runs = {kernel: 2 if kernel.startswith("fused") else 1 for kernel in KERNELS}
+        # (alone and as a mean), the mean's reduction after each; the keep kernels twice
+        # (an upstream gradient of 1 kept, one of 3 recomputed).
+        runs = {kernel: 2 if kernel.startswith("fused") or kernel.startswith("backward-keep")
+                else 1 for kernel in KERNELS}
         pairs = sum(r for k, r in runs.items() if kernel_classes()[k].first is not None)
         for kernel in KERNELS:
             count = runs[kernel] + (pairs if kernel == "split-sums" else 0)
@@ -338,11 +350,11 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
 
 @pytest.mark.emulator
 def test_a_split_pair_is_timed_as_one_run(standin):
-    """Two rows of 16385 floats, which cek's launchers split: fused-split is timed alone and as a
+    """One row of 16385 floats, which cek's launchers split: fused-split is timed alone and as a
     mean, each run its partial sums then its own launch (and the reduction), with the bytes of
     both; the baselines run beside it, the kernel users get there, and not beside fused, which
     is timed for cek alone."""
-    n, d = 2, 16385
+    n, d = 1, 16385
     rows, failures = bench.run_bench(["fused", "fused-split"], n, d, PROVIDERS, 50,
                                      log=lambda m: None)
     assert failures == []
@@ -392,10 +404,10 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
     assert [line.split()[:3] for line in table[1:]] == [
         [k, p, t] for t in ("f32", "bf16") for k in KERNELS
         for p in [p for k2, p, _ in timed_rows() if k2 == k] + ["(static)"]]
-    # fused bf16 as a mean (PyTorch's training step): 4*2*64*8 + 2*4*64 bytes, and the mean's
-    # 4*64 + 2, over a copy of 2*2*64*8*2: 118.8% (the per-row arrays count at this size). The
-    # last column is a wall-clock time.
-    assert ["fused", "torch", "bf16", "mean", "64x8", "0.3000", "0.1800", "0.4200", "0", "118.8",
+    # fused bf16 as a mean (PyTorch's training step): 4*2*64*8 + 3*4*64 bytes (y read, the loss
+    # and the labels' copy written), and the mean's 4*64 + 2, over a copy of 2*2*64*8*2: 125.0%
+    # (the per-row arrays count at this size). The last column is a wall-clock time.
+    assert ["fused", "torch", "bf16", "mean", "64x8", "0.3000", "0.1800", "0.4200", "0", "125.0",
             "1.00x"] in [line.split()[:-1] for line in table]
     # cek's fused rows alone and as a mean read apart, as in the JSON.
     assert [line.split()[:4] for line in table[1:] if "(static)" not in line] == [
@@ -431,7 +443,7 @@ def test_a_wrong_provider_is_reported_and_not_timed(standin, monkeypatch, tmp_pa
                                   "result: out[")
     assert sorted((r.kernel, r.provider) for r in rows) == [
         ("backward", "cek"), ("backward", "cupy"), ("backward-keep", "cek"),
-        ("backward-keep", "cupy"), ("backward-rows", "cek"), ("backward-rows", "cupy"),
+        ("backward-keep", "cek"), ("backward-rows", "cek"), ("backward-rows", "cupy"),
         ("forward", "cek"), ("forward-rows", "cek"), ("fused", "cek"), ("fused", "cek")]
     assert standin.elapsed_reads == 50 * (1 + 10)  # the copy and the ten right rows
 

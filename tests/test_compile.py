@@ -21,14 +21,16 @@ CASES = [(cls, b, dtype, arch)
          for dtype in DTYPES for b in cls.block_sizes()
          for arch in ("sm_80", "sm_90") if not cls(b, dtype).runs_twin_code]
 VECTOR_LOAD = re.compile(r"ld\.global\.nc\.v(4\.[bsuf]32|2\.[bsuf]64)")
-VECTOR_STORE = re.compile(r"st\.global\.v(4\.[bsuf]32|2\.[bsuf]64)")
+# .cs: the evict-first hint the split's gradient kernels store dx with (cek_store_chunk<true>)
+VECTOR_STORE = re.compile(r"st\.global(\.cs)?\.v(4\.[bsuf]32|2\.[bsuf]64)")
+STREAMING_STORE = re.compile(r"st\.global\.cs\.v(4\.[bsuf]32|2\.[bsuf]64)")
 
 
 @pytest.mark.parametrize("cls, block_size, dtype, arch", CASES,
                          ids=[f"{c.name.removeprefix('cosine_embedding_loss_')}-{d}-{b}-{a}"
                               for c, b, d, a in CASES])
 def test_compiles_without_spills_or_local_memory(cls, block_size, dtype, arch):
-    result = cls(block_size, dtype).compile(arch)
+    result = compile_kernel(cls(block_size, dtype), arch)
     assert result.cubin[:4] == b"\x7fELF"
     assert f".entry {cls(block_size).entry_point_name()}" in result.ptx
     assert (result.spill_stores, result.spill_loads, result.local_bytes) == (0, 0, 0), result.log
@@ -42,14 +44,18 @@ def test_compiles_without_spills_or_local_memory(cls, block_size, dtype, arch):
     for b in ([256, 1024, 1 << 20] if len(cls.block_sizes()) > 1 else cls.block_sizes())],
     ids=lambda v: v.name if isinstance(v, type) else str(v))
 def test_vector_path_uses_128_bit_loads_and_stores(cls, dtype, block_size):
-    ptx = cls(block_size, dtype).compile("sm_90").ptx
+    ptx = compile_kernel(cls(block_size, dtype), "sm_90").ptx
     assert VECTOR_LOAD.search(ptx)
     if "_forward" not in cls.name:  # the forward kernels store one value per row
         assert VECTOR_STORE.search(ptx)
+    # the split's gradient kernels store dx evict-first: their reverse walk reads the slices
+    # again, which dx should not push out of L2; nothing else streams its stores
+    streams = "_split_" in cls.name and cls.kind in ("backward", "fused")
+    assert bool(STREAMING_STORE.search(ptx)) is streams
 
 
 def test_resource_report_is_parsed_from_ptxas():
-    result = cek.CosineEmbeddingLossBackward(1024).compile("sm_90")
+    result = compile_kernel(cek.CosineEmbeddingLossBackward(1024), "sm_90")
     assert "Used" in result.log and "registers" in result.log
     assert result.shared_bytes > 0  # the reduction's partial sums
     assert set(result.summary()) >= {"kernel_id", "registers", "spill_stores", "seconds"}
@@ -76,7 +82,7 @@ def test_compile_error_carries_the_log_with_file_and_line():
 
 def test_arch_is_validated():
     with pytest.raises(ValueError, match="arch must look like sm_90, got 'compute_90'"):
-        cek.CosineEmbeddingLossBackward(8).compile("compute_90")
+        compile_kernel(cek.CosineEmbeddingLossBackward(8), "compute_90")
 
 
 class _MisTiled(cek.CosineEmbeddingLossFused):
@@ -97,4 +103,4 @@ def test_compiler_refuses_a_tiling_mirror_out_of_step():
                                            ("f16", "cvt.rn.f16x2.f32")])
 @pytest.mark.parametrize("name", ["fused", "backward", "backward-rows"])
 def test_16_bit_gradients_round_two_values_an_instruction(name, dtype, packed):
-    assert packed in kernel_classes()[name].for_n_dim(128, dtype).compile("sm_80").ptx
+    assert packed in compile_kernel(kernel_classes()[name].for_n_dim(128, dtype), "sm_80").ptx

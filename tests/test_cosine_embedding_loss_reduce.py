@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cek import check, dtypes
+from cek.compile import compile_kernel
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.cosine_embedding_loss_reduce import THREADS, CosineEmbeddingLossReduce
@@ -524,7 +525,7 @@ def test_a_trip_issues_eight_128_bit_loads_before_its_first_add(dtype):
     if sass.find_nvdisasm() is None:
         pytest.skip(sass.MISSING)
     kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
-    code = sass.ordinary_path(sass.parse(sass.disassemble(kernel.compile("sm_90").cubin)))
+    code = sass.ordinary_path(sass.parse(sass.disassemble(compile_kernel(kernel, "sm_90").cubin)))
     ops = [i.opcode for block in code for i in block]
     wide = [i for i, op in enumerate(ops) if op.startswith("LDG") and ".128" in op]
     first_add = next(i for i in range(wide[0], len(ops)) if ops[i].startswith(("FADD", "DADD")))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cek import check, dtypes
+from cek.compile import compile_kernel
 from cek import cosine_embedding_loss_split as split
 from cek.kernel import kernel_classes
 from oracle import KEPT, reference_on_scaled_copies
@@ -37,6 +38,9 @@ def _inputs(cls, n_rows, n_dim, seed=0, dtype="f32"):
     inputs = check.make_inputs(n_rows, n_dim, seed, dtype=dtype)
     if cls.kind == "fused":  # the mean's case (no dy) on odd seeds, a scaled dy on even ones
         inputs.update({"dy": None, "scale": 1 / n_rows} if seed % 2 else {"scale": 0.5})
+    elif cls.kind == "backward":  # a mean's: one dy for every row on odd seeds
+        inputs.update({"dy": inputs["dy"][:1].reshape(()), "dy_stride": 0, "scale": 1 / n_rows}
+                      if seed % 2 else {"scale": 0.5})
     return inputs
 
 
@@ -155,13 +159,13 @@ def test_huge_rows_stay_right_when_split(emulator, cls, dtype):
         acc = dtypes.get(dtype).acc
         n = len(x1)
         inputs = {"x1": dtypes.from_float(x1, dtype), "x2": dtypes.from_float(x2, dtype),
-                  "y": np.array([1, -1] * (n // 2), acc), "dy": base["dy"][:n].astype(acc),
-                  "scale": 0.5, "dtype": dtype, "keep_dy": float("nan")}
+                  "y": np.array([1, -1] * (n // 2), acc),
+                  "dy": dtypes.from_float(base["dy"][:n], dtype), "scale": 0.5, "dtype": dtype}
         x1, x2 = dtypes.to_float64(inputs["x1"], dtype), dtypes.to_float64(inputs["x2"], dtype)
         assert np.isfinite(x1).all() and np.isfinite(x2).all()
         kernel = cls.for_n_dim(x1.shape[1], dtype)
         outputs = _outputs(kernel, emulator["random:1"], inputs, -0.5)
-        dy = inputs["dy"] * (inputs["scale"] if kernel.kind == "fused" else 1.0)
+        dy = check.upstream(inputs, n)  # scale * dy, in every gradient kernel
         loss, dx1, dx2, m1, m2 = reference_on_scaled_copies(x1, x2, inputs["y"], dy, -0.5)
         if kernel.kind != "forward":
             rtol, atol = check.TOLERANCES[dtype, "grad"]
@@ -231,21 +235,25 @@ def test_a_huge_row_of_2_to_the_20_plus_1_alone(emulator):
 
 @pytest.mark.emulator
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_the_keep_kernel_leaves_kept_rows_and_recomputes_the_others(emulator, dtype):
-    """A row whose dy is keep_dy is left as it is (a sentinel survives) in every slice; the
-    others get the backward's gradients, from the partials the fused forward left."""
+@pytest.mark.parametrize("grid", [None, 1, 4])
+def test_the_keep_kernel_leaves_kept_rows_and_recomputes_the_others(emulator, dtype, grid):
+    """A row whose dy is 1 is left as it is (a sentinel survives) in every slice; the others
+    get the backward's gradients, from the partials the fused forward left, on a grid of any
+    size (a block a slice, or a few taking every G-th slice of the reverse walk)."""
     n, n_dim = 5, 2 * split.slice_width(dtype) + 9
     kernel = split.CosineEmbeddingLossSplitBackwardKeep.for_n_dim(n_dim, dtype)
     inputs = check.make_inputs(n, n_dim, seed=7, dtype=dtype)
     kept = np.arange(n) % 2 == 1
-    inputs["dy"][kept] = inputs["dy"].dtype.type(0.125)
-    inputs["keep_dy"] = 0.125
+    inputs["dy"][kept] = dtypes.from_float(np.float32(1.0), dtype)
+    inputs["scale"] = 0.2
     launch = emulator["random:1"]
     args, outputs = check.build_args(kernel, check.with_first(kernel, launch, inputs, 0.1), 0.1)
     sentinel = dtypes.from_float(np.full((n, n_dim), 7.0, np.float32), dtype)
     for name in ("dx1", "dx2"):
         outputs[name][...] = sentinel
-    launch(kernel, args)
+    (most, _, _), block, _ = kernel.launch_config(n, n_dim)
+    emulate = pytest.importorskip("cek.emulate")
+    emulate.load(kernel, schedule="random:1")((grid or most,), block, args)
     want, size = check.expected(kernel, inputs, 0.1)
     for name in ("dx1", "dx2"):
         assert (outputs[name][kept] == sentinel[kept]).all(), f"{name}: a kept row was written"
@@ -257,38 +265,65 @@ def test_the_keep_kernel_leaves_kept_rows_and_recomputes_the_others(emulator, dt
 @pytest.mark.emulator
 def test_kept_rows_read_only_their_dy():
     """Counted byte by byte: with every row kept, the keep kernel reads dy alone (an upstream
-    gradient of 1 after the fused forward costs O(N) bytes); with none kept, its whole pass."""
+    gradient of 1 after the fused forward costs O(N) bytes; one dy for every row, one value);
+    with none kept, its whole pass."""
     emulate = pytest.importorskip("cek.emulate")
     kernel = split.CosineEmbeddingLossSplitBackwardKeep.for_dtype()
     n, n_dim = 3, 4097
     inputs = check.make_inputs(n, n_dim, seed=2)
     inputs = check.with_first(kernel, check.emulator_launcher(), inputs, 0.0)
-    for keep, rows in ((0.125, "all"), (float("nan"), "none")):
-        if rows == "all":
-            inputs["dy"][:] = np.float32(keep)
-        inputs["keep_dy"] = keep
+    for case in ("per row", "one", "none kept"):
+        if case == "per row":
+            inputs["dy"][:] = np.float32(1.0)
+        elif case == "one":
+            inputs["dy"], inputs["dy_stride"] = np.ones((), np.float32), 0
+        else:
+            inputs["dy"], inputs["dy_stride"] = np.full(n, 0.5, np.float32), 1
         args, _ = check.build_args(kernel, inputs, 0.0)
-        counts = emulate.traffic(kernel, *kernel.launch_config(n, n_dim)[:2], args)
+        counts = emulate.traffic(kernel, (2,), kernel.launch_config(n, n_dim)[1], args)
         assert counts["dy"].read == counts["dy"].size
         for name in ("x1", "x2", "y", "sums", "dx1", "dx2"):
             touched = counts[name].read + counts[name].written
-            assert touched == (0 if rows == "all" else counts[name].size), (rows, name)
+            assert touched == (counts[name].size if case == "none kept" else 0), (case, name)
 
 
 # -- where the launchers split, and the launch contract -----------------------------------------
 
 @pytest.mark.parametrize("n_rows, n_dim, dtype, want", [
-    (48, 1 << 20, "f32", True), (8, 1 << 20, "bf16", True), (256, 32768, "f32", True),
-    (256, 32768, "bf16", True), (1, 16385, "f32", True), (511, 16385, "f16", True),
-    (512, 32768, "f32", False),  # SPLIT_BELOW_ROWS: one block a row streams them
+    (8, 1 << 20, "bf16", True), (16, 32768, "f32", True),  # too few rows to keep DRAM busy
+    (140, 32768, "f32", True),  # a nearly empty second wave of one block a row
+    (48, 1 << 20, "f32", False),  # the model's two within 1%: no launch more
+    (256, 32768, "f32", False), (256, 32768, "bf16", False), (200, 32768, "f32", False),
+    (1, 16385, "f32", True), (2, 16385, "f32", False), (5, 16385, "f16", False),
+    (264, 32768, "f32", False),  # SPLIT_BELOW_ROWS: one block a row streams them
     (48, 16384, "f32", False),  # the register path: one block holds the row
-    (48, 8193, "f64", True), (48, 8192, "f64", False),
+    (1, 8193, "f64", True), (1, 8192, "f64", False),
     (4096, (1 << 20) + 1, "f32", True),  # wider than one block per row takes: split at any N
     (0, 32768, "f32", False),
 ])
 def test_where_the_launchers_split(n_rows, n_dim, dtype, want):
     assert split.splits(n_rows, n_dim, dtype) is want
-    assert split.blocks_per_row(n_rows, n_dim, dtype) == (split.slices(n_dim, dtype) if want else 1)
+    # the grid's limit is checked with the most blocks a row can take: S past 2^20 only
+    wide = n_dim > split.ONE_BLOCK_MAX_N_DIM
+    assert split.blocks_per_row(n_rows, n_dim, dtype) == (split.slices(n_dim, dtype) if wide else 1)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "f16", "bf16"])
+def test_the_launchers_split_where_the_model_says(dtype):
+    """Below SPLIT_BELOW_ROWS (two waves of one block a row) on the streamed widths, splits() is
+    cek.split_model's answer; from it, and on the register path, never; past 2^20, always."""
+    from cek import split_model
+
+    itemsize = dtypes.get(dtype).array.itemsize
+    streamed = split.register_path_width(dtype) + 1
+    for n_dim in (streamed, 32768, 100_000, 1 << 20):
+        for n_rows in range(1, split.SPLIT_BELOW_ROWS + 40, 7):
+            want = n_rows < split.SPLIT_BELOW_ROWS and split_model.prefers_split(
+                n_rows, n_dim, itemsize)
+            assert split.splits(n_rows, n_dim, dtype) is want, (n_rows, n_dim)
+        assert not split.splits(1, streamed - 1, dtype)
+        assert split.splits(10_000, (1 << 20) + 1, dtype)
+    assert split.SPLIT_BELOW_ROWS == 2 * split_model.SMS
 
 
 @pytest.mark.parametrize("dtype, width, widest", [("f32", 4096, 1 << 22), ("f16", 8192, 1 << 23),
@@ -314,7 +349,13 @@ def test_one_instance_a_dtype_with_the_slice_asserted_in_its_entry_point():
     assert "__launch_bounds__(1024, 2)" in entry
     double = split.CosineEmbeddingLossSplitFused(1024, "f64")
     assert "__launch_bounds__(1024, 1)" in double.entry_point_source
-    assert "cosine_embedding_loss_split_fused<1024, cek_bf16>(x1, x2, y, dy, scale, sums" in entry
+    assert "static_assert(CekSplit<cek_bf16>::SUMS_SLICES == 2" in entry
+    assert ("cosine_embedding_loss_split_fused<1024, cek_bf16>(x1, x2, y, dy, dy_stride, scale, "
+            "sums, loss, dx1, dx2, loss_out, y_out, n_rows") in entry
+    keep = split.CosineEmbeddingLossSplitBackwardKeep
+    # the keep kernel's loop over its slices: one block an SM in 16-bit types (its min_blocks)
+    assert "__launch_bounds__(1024, 1)" in keep(1024, "bf16").entry_point_source
+    assert "__launch_bounds__(1024, 2)" in keep(1024, "f32").entry_point_source
     with pytest.raises(ValueError, match="runs 1024 threads: block_size must be 1024, got 512"):
         split.CosineEmbeddingLossSplitFused(512)
 
@@ -332,7 +373,7 @@ def test_the_compiler_refuses_a_slice_mirror_out_of_step():
     from cek.compile import CompileError
 
     with pytest.raises(CompileError) as info:
-        _MisSliced(1024).compile("sm_90")
+        compile_kernel(_MisSliced(1024), "sm_90")
     assert "cek/cosine_embedding_loss_split.py and CekSplit disagree on CHUNKS" in info.value.log
 
 
@@ -363,7 +404,7 @@ def test_gpu_pairs_match_the_reference(cls, dtype, n_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n_rows, n_dim", [(48, 1 << 20), (256, 32768)])
+@pytest.mark.parametrize("n_rows, n_dim", [(8, 1 << 20), (140, 32768)])
 def test_gpu_split_step_is_the_same_bits_launch_after_launch(n_rows, n_dim):
     """cek.functional's fused mean at the split's target shapes: the pair, then the
     reduction, 10 times, the same bits each time, and the float64 mean."""

@@ -66,7 +66,7 @@ def test_the_step_timeouts_fit_the_budget():
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
         'timeout -k "$KILL_AFTER_S" "$limit" "$@"']
     assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
-        "preflight", "compile", "gpu_tests"]
+        "doctor", "preflight", "compile", "gpu_tests"]
     # Every step killed, each with its grace, and the summary: under the budget still.
     assert sum(limit + KILL_AFTER_S for _, _, limit, _ in _steps()) + 10 <= BUDGET_S
 
@@ -127,34 +127,35 @@ def _option(args: list[str], option: str) -> list[str]:
 
 def test_the_steps_come_in_the_order_a_first_run_needs():
     names = [name for _, name, _, _ in _steps()]
-    assert names[:2] == ["preflight", "compile"]
+    assert names[:3] == ["doctor", "preflight", "compile"]
     calls = _bench_calls()
     # cek at the target shapes first, in float32 and bfloat16: the fused kernel (timed alone and
     # as a mean) and the training step through cek.torch, eager and from a CUDA graph, beside
     # torch's eager step; no torch.compile.
     first = [(name, args) for name, _, args in calls if name.startswith("cek_")]
-    assert [name for name, _ in first] == names[2:2 + len(first)]
+    assert [name for name, _ in first] == names[3:3 + len(first)]
     assert {(_option(a, "--n-dim")[0], _option(a, "--n-rows")[0]) for _, a in first} == {
         ("768", "65536"), ("4096", "8192"), ("128", "1048576")}
     for _, args in first:
         assert _option(args, "--dtype") == ["f32", "bf16"] and "fused" in _option(args, "--kernel")
         assert _baselines(args).split(",") == ["cek-torch", "cek-torch-graph", "torch"]
-    # Then the few wide rows that run split: 48 and 8 rows of 2^20, 256 of 32768, in float32
-    # and bfloat16, the split's fused and forward pairs beside the one-block kernels; and 1024
-    # rows of 32768, where the launchers keep one block a row, both fused kernels.
+    # the step's backward: the keep kernel, kept and recomputing, at the first shape
+    assert "backward-keep" in _option(first[0][1], "--kernel")
+    # Then the few wide rows, both ways, where the threshold's model puts the crossover: 48 rows
+    # of 2^20, 48, 128 and 256 rows of 32768, in float32 and bfloat16, the split's fused and
+    # forward pairs beside the one-block kernels.
     split = [(name, args) for name, _, args in calls if name.startswith("split_")]
-    assert [name for name, _ in split] == names[2 + len(first):2 + len(first) + len(split)]
+    assert [name for name, _ in split] == names[3 + len(first):3 + len(first) + len(split)]
     shapes = {(_option(a, "--n-dim")[0], _option(a, "--n-rows")[0]): a for _, a in split}
-    assert set(shapes) == {("1048576", "48"), ("1048576", "8"), ("32768", "256"),
-                           ("32768", "1024")}
-    for shape in (("1048576", "48"), ("1048576", "8"), ("32768", "256")):
-        assert _option(shapes[shape], "--dtype") == ["f32", "bf16"]
+    assert set(shapes) == {("1048576", "48"), ("32768", "48"), ("32768", "128"),
+                           ("32768", "256")}
+    for args in shapes.values():
+        assert _option(args, "--dtype") == ["f32", "bf16"]
         assert {"fused", "fused-split", "forward-rows", "forward-split"} == \
-            set(_option(shapes[shape], "--kernel"))
-    assert {"fused", "fused-split"} == set(_option(shapes["32768", "1024"], "--kernel"))
+            set(_option(args, "--kernel"))
     # Then the gpu tier, its CLI bench test (which times what the steps here time) left out.
     gpu_tests = next(args for kind, name, _, args in _steps() if name == "gpu_tests")
-    assert names.index("gpu_tests") == 2 + len(first) + len(split)
+    assert names.index("gpu_tests") == 3 + len(first) + len(split)
     assert "tests/test_bench.py::test_bench_runs_checks_and_writes_json" in \
         _option(gpu_tests, "--deselect")
     # torch.compile last and alone: nothing after it can wait on a compile.
@@ -184,7 +185,7 @@ def test_the_compile_step_covers_every_kernel_the_bench_steps_launch():
     assert {"cosine_embedding_loss_fused__bf16__128", "cosine_embedding_loss_reduce__f32__1024",
             "cosine_embedding_loss_backward_keep__f32__4096"} <= ids
     # A split pair brings its first launch; cek.torch at a shape it splits, the split's pairs.
-    assert compile_kernels.kernels_of(["--n-dim", "1048576", "--n-rows", "48", "--kernel",
+    assert compile_kernels.kernels_of(["--n-dim", "1048576", "--n-rows", "8", "--kernel",
                                        "forward-split", "--baseline", "cek-torch"]) == {
         (name, "f32", 1 << 20) for name in ("forward-split", "split-sums", "fused-split",
                                             "backward-keep-split", "backward-split", "reduce")}
@@ -257,7 +258,12 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
             if r["run"] == "cek_768" and r["kernel"] == "fused"} == {
         ("cek", "none"), ("cek", "mean"), ("cek-torch", "mean"), ("torch", "mean")}
     assert {(r["kernel"], r["dtype"]) for r in rows if r["run"] == "cek_768"} == {
-        (k, t) for k in ("fused", "forward", "backward") for t in ("f32", "bf16")}
+        (k, t) for k in ("fused", "forward", "backward", "backward-keep")
+        for t in ("f32", "bf16")}
+    # the keep kernel: the step's backward, its kept rows and its recomputed ones, cek alone
+    assert {(r["provider"], r["reduction"]) for r in rows
+            if r["run"] == "cek_768" and r["kernel"] == "backward-keep"} == {
+        ("cek", "kept"), ("cek", "recompute")}
     slow = [r["first_call_s"] for r in rows if r["provider"] == "cupy"]
     assert slow and min(slow) >= SLOW_S
     # The static figures come after a kernel's timings: the killed step never got its own.
@@ -336,6 +342,8 @@ if __name__ == "__main__":  # CEK_PYTHON in the end-to-end test
         exec(compile(Path(argv[0]).read_text(), argv[0], "exec"), {"__name__": "__main__"})
     elif argv[:2] == ["-m", "pytest"]:
         print("the gpu tier is not run on the stand-in")
+    elif argv[:3] == ["-m", "cek", "doctor"]:  # no GPU here: doctor says so, exit 1
+        print("cek doctor is not run on the stand-in")
     elif argv[:1] == ["-"]:  # the script's inline Python
         sys.argv = argv
         exec(compile(sys.stdin.read(), "<stdin>", "exec"), {"__name__": "__main__"})

@@ -601,7 +601,9 @@ def _entries(x1, x2, y, margin, reduction, grad, **kw):
 @pytest.mark.parametrize("d", [1, 33, 769, 4097])
 def test_bfloat16_is_the_float32_path_on_its_values_rounded_once(monkeypatch, d, native):
     """The same float32 arithmetic on the same values, then cek.dtypes.from_float: bitwise, NaN
-    and Inf rows, huge rows and the reductions included."""
+    and Inf rows, huge rows and the reductions included. An upstream gradient array is a value
+    of the inputs' type too (rounded to bfloat16 once, as torch's gradient of a bfloat16 loss
+    is), which the float32 path is given as such."""
     monkeypatch.setenv("CEK_CPU_NATIVE", native)
     b1, b2, y, w1, w2 = _bf16_inputs(7, d, seed=d)
     b1[1, 0] = dtypes.from_float(np.float32(np.nan), "bf16")
@@ -611,6 +613,8 @@ def test_bfloat16_is_the_float32_path_on_its_values_rounded_once(monkeypatch, d,
     for reduction in REDUCTIONS:
         grad = _grad_for(reduction, 7, np.float32)
         got = _entries(b1, b2, y, 0.1, reduction, grad, dtype="bfloat16")
+        if isinstance(grad, np.ndarray):
+            grad = dtypes.widen(dtypes.from_float(grad, "bf16"), "bf16")
         want = _entries(w1, w2, y, 0.1, reduction, grad)
         for got_entry, want_entry in zip(got, want):
             for bits, values in zip(got_entry, want_entry):

@@ -32,8 +32,8 @@ REDUCTIONS = ["none", "mean", "sum"]
 N = 7
 # Row widths and the path the fused kernel takes for them (for float32; CosineEmbeddingLossFused
 # tells for each dtype): D = 1 and 33 and 256 in row groups (<= 64 chunks), 768 in registers,
-# 20000 streamed (> 16384 elements).
-WIDTHS = {1: 1, 33: 64, 256: 256, 768: 1024, 20000: 32768}  # D: BLOCK_SIZE
+# 32768 streamed (> 16384 elements).
+WIDTHS = {1: 1, 33: 64, 256: 256, 768: 1024, 32768: 32768}  # D: BLOCK_SIZE
 CUPY_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
 
 
@@ -338,7 +338,7 @@ def test_gpu_launch_checks_devices_and_passes_no_dy(standin):
     _close(loss, _expected(x1, x2, y, 0.0, "mean", 1.0)[0][0], "f32", "loss")
     # load() refuses arrays on another device than the current one.
     kernel = CosineEmbeddingLossFused.for_n_dim(33)
-    args = (c1, c2, cy, None, 1.0, cy.copy(), c1.copy(), c2.copy(), N, 33, 0.0)
+    args = (c1, c2, cy, None, 0, 1.0, cy.copy(), c1.copy(), c2.copy(), None, None, N, 33, 0.0)
     with standin.cupy.cuda.Device(1), pytest.raises(TypeError, match="not the current GPU 1"):
         gpu.launch(kernel, *args)
     assert len(standin.launches) == 2  # the mean's: the fused kernel and the reduction

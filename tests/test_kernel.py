@@ -26,9 +26,11 @@ def test_documented_fields_of_backward():
     assert k.entry_point_name() == "cosine_embedding_loss_backward_entry_point"
     assert k.source == k.kernel_source + "\n\n" + k.entry_point_source
     assert k.cache_key() == hashlib.sha256(k.source.encode()).hexdigest()
-    assert [k.c_type(a) for a in k.args] == ["float*"] * 6 + ["int", "int", "float"]
-    assert [a.name for a in k.args] == ["dy", "x1", "x2", "y", "dx1", "dx2", "n_rows", "n_dim", "margin"]
-    assert "cosine_embedding_loss_backward<1024>(dy, x1" in k.entry_point_source
+    assert [k.c_type(a) for a in k.args] == (["float*", "int", "float"] + ["float*"] * 5
+                                             + ["int", "int", "float"])
+    assert [a.name for a in k.args] == ["dy", "dy_stride", "scale", "x1", "x2", "y", "dx1", "dx2",
+                                        "n_rows", "n_dim", "margin"]
+    assert "cosine_embedding_loss_backward<1024>(dy, dy_stride, scale, x1" in k.entry_point_source
 
 
 @pytest.mark.parametrize("dtype, element, acc", [("f64", "double", "double"),
@@ -37,9 +39,12 @@ def test_documented_fields_of_backward():
 def test_other_dtypes_carry_their_types_into_id_and_entry_point(dtype, element, acc):
     k = cek.CosineEmbeddingLossBackward(1024, dtype)
     assert k.id == f"cosine_embedding_loss_backward__{dtype}__1024"
-    assert [k.c_type(a) for a in k.args] == [f"{acc}*", f"{element}*", f"{element}*", f"{acc}*",
-                                             f"{element}*", f"{element}*", "int", "int", acc]
-    assert f"cosine_embedding_loss_backward<1024, {element}>(dy, x1" in k.entry_point_source
+    # dy in the element type (torch's gradient of a loss of that type), labels in the
+    # accumulator's
+    assert [k.c_type(a) for a in k.args] == [f"{element}*", "int", acc, f"{element}*",
+                                             f"{element}*", f"{acc}*", f"{element}*",
+                                             f"{element}*", "int", "int", acc]
+    assert f"cosine_embedding_loss_backward<1024, {element}>(dy, dy_stride" in k.entry_point_source
     assert k.kernel_source == cek.CosineEmbeddingLossBackward(1024).kernel_source
     assert k.cache_key() != cek.CosineEmbeddingLossBackward(1024).cache_key()
 
@@ -164,8 +169,9 @@ def test_tiling_follows_the_element_size(dtype, register_limit, threads_768, byt
     assert cls.for_n_dim(register_limit + 1, dtype).streamed
     assert cls.for_n_dim(768, dtype).launch_config(2, 768)[1] == (threads_768, 1, 1)
     acc = 8 if dtype == "f64" else 4
+    # x1, x2 read, dx1, dx2 written; the labels in the accumulator, a dy a row in the element
     assert cls.for_n_dim(768, dtype).bytes_moved(10, 768) == \
-        4 * bytes_per_element * 10 * 768 + 2 * acc * 10
+        4 * bytes_per_element * 10 * 768 + acc * 10 + bytes_per_element * 10
 
 
 @pytest.mark.parametrize("n_dim, group, grid, dtype", [
@@ -216,34 +222,51 @@ def test_launch_with_the_wrong_block_size_names_both_numbers():
 
 def _backward_args(n=3, d=5):
     f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-    return [f(n), f(n, d), f(n, d), f(n), f(n, d), f(n, d), n, d, 0.5]
+    return [f(n), 1, 1.0, f(n, d), f(n, d), f(n), f(n, d), f(n, d), n, d, 0.5]
 
 
 def test_check_args_casts_scalars_to_their_c_types():
     cast = cek.CosineEmbeddingLossBackward(8).check_args(_backward_args(), (np.ndarray,))
-    assert type(cast[6]) is np.int32 and type(cast[7]) is np.int32
-    assert type(cast[8]) is np.float32
+    assert type(cast[1]) is np.int32 and type(cast[8]) is np.int32 and type(cast[9]) is np.int32
+    assert type(cast[2]) is np.float32 and type(cast[10]) is np.float32
+
+
+@pytest.mark.parametrize("margin", [1e39, -1e300, 3.5e38])
+def test_a_finite_float_beyond_float32_becomes_its_infinity_without_a_warning(margin):
+    """The kernel's float arithmetic would make it so; NumPy's cast warns "overflow encountered
+    in cast", an exception under -W error, where cek's own checks must raise nothing."""
+    import warnings
+
+    args = _backward_args()
+    args[10] = margin
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cast = cek.CosineEmbeddingLossBackward(8).check_args(args, (np.ndarray,))
+    assert cast[10] == np.float32(np.inf) * np.sign(margin)
 
 
 def test_bf16_arrays_are_uint16_bits():
     args = _backward_args()
-    for i in (1, 2, 4, 5):
-        args[i] = np.zeros((3, 5), np.uint16)
+    for i in (0, 3, 4, 6, 7):  # dy as well: the upstream gradient comes in the element type
+        args[i] = np.zeros(args[i].shape, np.uint16)
     kernel = cek.CosineEmbeddingLossBackward(8, "bf16")
-    assert kernel.check_args(args, (np.ndarray,))[1].dtype == np.uint16
-    args[1] = np.zeros((3, 5), np.float16)
+    assert kernel.check_args(args, (np.ndarray,))[3].dtype == np.uint16
+    args[3] = np.zeros((3, 5), np.float16)
     with pytest.raises(TypeError, match=r"x1 must be uint16 \(bfloat16 bits\), got float16"):
         kernel.check_args(args, (np.ndarray,))
 
 
 @pytest.mark.parametrize("index, value, error, message", [
-    (1, np.zeros((3, 5), np.float64), TypeError, "x1 must be float32, got float64"),
-    (2, np.zeros((3, 4), np.float32), ValueError, r"x2 must have shape \(n_rows, n_dim\) = \(3, 5\)"),
-    (4, np.zeros((5, 3), np.float32).T, ValueError, "dx1 must be C-contiguous"),
+    (3, np.zeros((3, 5), np.float64), TypeError, "x1 must be float32, got float64"),
+    (4, np.zeros((3, 4), np.float32), ValueError, r"x2 must have shape \(n_rows, n_dim\) = \(3, 5\)"),
+    (6, np.zeros((5, 3), np.float32).T, ValueError, "dx1 must be C-contiguous"),
     (0, [0.0, 0.0, 0.0], TypeError, "dy must be a numpy.ndarray, got list"),
-    (6, 3.0, TypeError, "n_rows must be an int, got float"),
-    (7, 2**31, ValueError, "does not fit a 32-bit int"),
-    (8, "0.5", TypeError, "margin must be a float, got str"),
+    (0, np.zeros(3, np.float64), TypeError, "dy must be float32, got float64"),
+    (0, np.zeros(()), TypeError, "dy must be float32"),
+    (1, 2, ValueError, "dy_stride must be 0 .* or 1 .*, got 2"),
+    (8, 3.0, TypeError, "n_rows must be an int, got float"),
+    (9, 2**31, ValueError, "does not fit a 32-bit int"),
+    (10, "0.5", TypeError, "margin must be a float, got str"),
 ])
 def test_check_args_refuses_bad_arguments(index, value, error, message):
     args = _backward_args()
@@ -252,8 +275,28 @@ def test_check_args_refuses_bad_arguments(index, value, error, message):
         cek.CosineEmbeddingLossBackward(8).check_args(args, (np.ndarray,))
 
 
+@pytest.mark.parametrize("dy, stride, error", [
+    (np.zeros(3, np.float32), 1, None),         # one a row
+    (np.zeros((), np.float32), 0, None),        # a mean's 0-d gradient, read for every row
+    (np.zeros(1, np.float32), 0, None),
+    (None, 0, "dy must be a numpy.ndarray, got NoneType"),  # a backward kernel reads one
+    (np.zeros(3, np.float32), 0, "dy must hold one value for dy_stride = 0, got shape"),
+    (np.zeros((), np.float32), 1, r"dy must have shape \(n_rows\) = \(3,\), got \(\)"),
+    (np.zeros(4, np.float32), 1, r"dy must have shape \(n_rows\) = \(3,\), got \(4,\)"),
+])
+def test_dy_is_one_a_row_or_one_for_every_row(dy, stride, error):
+    args = _backward_args()
+    args[0], args[1] = dy, stride
+    kernel = cek.CosineEmbeddingLossBackward(8)
+    if error is None:
+        assert kernel.check_args(args, (np.ndarray,))[1] == stride
+    else:
+        with pytest.raises((ValueError, TypeError), match=error):
+            kernel.check_args(args, (np.ndarray,))
+
+
 def test_check_args_counts_arguments():
-    with pytest.raises(TypeError, match="takes 9 arguments, got 8"):
+    with pytest.raises(TypeError, match="takes 11 arguments, got 10"):
         cek.CosineEmbeddingLossBackward(8).check_args(_backward_args()[:-1], (np.ndarray,))
 
 
@@ -261,8 +304,9 @@ def test_only_optional_pointers_take_none():
     fused = cek.CosineEmbeddingLossFused(8)
     n, d = 3, 5
     z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-    args = [z(n, d), z(n, d), z(n), None, 1.0, z(n), z(n, d), z(n, d), n, d, 0.0]
-    assert fused.check_args(args, (np.ndarray,))[3] is None
+    args = [z(n, d), z(n, d), z(n), None, 0, 1.0, z(n), z(n, d), z(n, d), None, None, n, d, 0.0]
+    cast = fused.check_args(args, (np.ndarray,))
+    assert cast[3] is None and cast[9] is None and cast[10] is None
     args[2] = None
     with pytest.raises(TypeError, match="y must be a numpy.ndarray, got NoneType"):
         fused.check_args(args, (np.ndarray,))
@@ -275,7 +319,7 @@ def test_no_kernel_takes_a_counter_and_only_the_reduction_a_workspace():
     partial sums, written whole by its first launch and read by its second: each block writes
     its own entry and none reads another's (the next launch does), so no block waits on
     another: their sources have no fence and no atomic. Every other output is written by every
-    launch."""
+    launch, but the fused kernels' optional ones, written where given."""
     import re
 
     from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
@@ -287,7 +331,13 @@ def test_no_kernel_takes_a_counter_and_only_the_reduction_a_workspace():
         assert all(a.ctype in ("int", "T*", "A*", "A") or a.derived for a in cls.args), cls.name
         optional_outputs |= {(cls.name, a.name) for a in cls.args if a.output and a.optional}
         derived |= {(cls.name, a.name, a.output) for a in cls.args if a.derived}
-    assert optional_outputs == {("cosine_embedding_loss_reduce", "partials")}
+    # the fused kernels' outputs but dx1 and dx2 are the launcher's to ask for: the loss in
+    # the accumulation type (a reduction's input) or in the inputs' type ("none"), and the
+    # labels' copy of cek.torch's training step
+    fused = {(name, out) for name in ("cosine_embedding_loss_fused",
+                                      "cosine_embedding_loss_split_fused")
+             for out in ("loss", "loss_out", "y_out")}
+    assert optional_outputs == {("cosine_embedding_loss_reduce", "partials")} | fused
     splits = [cls for cls in kernel_classes().values() if issubclass(cls, SplitRows)]
     assert derived == {(cls.name, "sums", cls is CosineEmbeddingLossSplitSums) for cls in splits}
     for kernel in (CosineEmbeddingLossReduce.for_dtype("f32"),
@@ -341,3 +391,22 @@ def test_registry_lists_every_kernel_once_without_importing_its_subclasses():
 def test_a_second_kernel_with_a_taken_short_name_is_refused():
     with pytest.raises(ValueError, match="two kernel classes named 'fused'"):
         type("Again", (cek.Kernel,), {"short_name": "fused"})
+
+
+def test_a_misaligned_workspace_of_partial_sums_is_refused():
+    """The split's partial sums are read and written 16 bytes at a time (CekSliceSums is
+    alignas(16)): a workspace at another address would be a misaligned-address fault on a
+    GPU, which loses the process's CUDA context. check_args refuses it, naming the address."""
+    from cek.cosine_embedding_loss_split import CosineEmbeddingLossSplitSums, partials_shape
+
+    kernel = CosineEmbeddingLossSplitSums.for_dtype("f32")
+    n, d = 2, 5000
+    x = np.zeros((n, d), np.float32)
+    rows, width = partials_shape(n, d, "f32")
+    memory = np.zeros(rows * width + 4, np.float32)
+    base = memory.ctypes.data % 16 // 4  # elements to the first 16-byte boundary
+    aligned = memory[(4 - base) % 4:][:rows * width].reshape(rows, width)
+    assert kernel.check_args((x, x, aligned, n, d), (np.ndarray,))[2] is aligned
+    shifted = memory[(4 - base) % 4 + 1:][:rows * width].reshape(rows, width)
+    with pytest.raises(ValueError, match=r"sums must start at a multiple of 16 bytes .*0x"):
+        kernel.check_args((x, x, shifted, n, d), (np.ndarray,))

@@ -58,13 +58,10 @@ def last_rows_args(kernel, inputs, n_rows, first_row):
     for spec in kernel.args:
         value = inputs.get(spec.name)
         if not spec.is_pointer:
-            # keep_dy NaN: backward-keep keeps no row, so every output row is judged.
             args.append(sizes[spec.name] if spec.name in sizes
-                        else MARGIN if spec.name == "margin"
-                        else inputs.get(spec.name, float("nan")) if spec.name == "keep_dy"
-                        else value)
+                        else MARGIN if spec.name == "margin" else value)
             continue
-        if value is None and spec.optional:
+        if value is None and spec.optional and not spec.output:  # an output is judged
             args.append(None)
             continue
         shape = kernel.arg_shape(spec, n_rows, n_dim)
@@ -127,7 +124,9 @@ def run_split_last_rows(name):
     sums_kernel = kernel.first.for_dtype()
     args, outputs = last_rows_args(sums_kernel, inputs, n_rows, first_row)
     grid, block, _ = sums_kernel.launch_config(n_rows, n_dim)
-    emulate.load(sums_kernel)(grid, block, args, first_block=first_row * slices)
+    # two slices a block: the first block that reads a slice of the last rows
+    first_block = first_row * slices // split.SUMS_SLICES
+    emulate.load(sums_kernel)(grid, block, args, first_block=first_block)
     inputs["sums"] = outputs["sums"]
     args, outputs = last_rows_args(kernel, inputs, n_rows, first_row)
     grid, block, _ = kernel.launch_config(n_rows, n_dim)

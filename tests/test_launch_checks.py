@@ -19,7 +19,11 @@ def forward_args(n_rows, n_dim):
     return (x1, x2, y, out, n_rows, n_dim, 0.0), out
 
 
-@pytest.mark.parametrize("name", sorted(kernel_classes()))
+WAVE_GRIDS = sorted(name for name, cls in kernel_classes().items()
+                    if getattr(cls, "wave_grid", False))
+
+
+@pytest.mark.parametrize("name", sorted(set(kernel_classes()) - set(WAVE_GRIDS)))
 @pytest.mark.parametrize("n_rows, n_dim", [(4, 768), (7, 31), (1000, 4)])
 def test_only_the_launch_config_passes(name, n_rows, n_dim):
     kernel = kernel_classes()[name].for_n_dim(n_dim)
@@ -32,6 +36,27 @@ def test_only_the_launch_config_passes(name, n_rows, n_dim):
             continue
         with pytest.raises(ValueError, match=r"differ from launch_config\(.*grid \(.*block \("):
             kernel.check_launch(bad_grid, bad_block, n_rows, n_dim)
+
+
+@pytest.mark.parametrize("name", WAVE_GRIDS)
+@pytest.mark.parametrize("n_rows, n_dim", [(4, 768), (7, 31), (1000, 4)])
+def test_a_wave_grid_takes_any_grid_up_to_a_block_a_row(name, n_rows, n_dim):
+    """The keep kernels: grid [G] with 1 <= G <= the block-a-row grid, each block taking an even
+    share; the launchers' G is a wave of the device's SMs (launch_config's sms)."""
+    assert name in ("backward-keep", "backward-keep-split")
+    kernel = kernel_classes()[name].for_n_dim(n_dim)
+    (most, _, _), block, _ = kernel.launch_config(n_rows, n_dim)
+    for grid in sorted({1, max(1, most // 2), most}):
+        kernel.check_launch((grid,), block, n_rows, n_dim)
+    assert kernel.launch_config(n_rows, n_dim, sms=1)[0] == (min(most, kernel.min_blocks), 1, 1)
+    assert kernel.launch_config(n_rows, n_dim, sms=132)[0] == \
+        (min(most, 132 * kernel.min_blocks), 1, 1)
+    for bad_grid, bad_block in [((most + 1,), block), ((0,), block), ((most, 2), block),
+                                ((most,), (block[0] + 32,)), ("4", block)]:
+        with pytest.raises(ValueError, match=r"takes block .* and grid \[G, 1, 1\] with 1 <= G"):
+            kernel.check_launch(bad_grid, bad_block, n_rows, n_dim)
+    with pytest.raises(ValueError, match="sms must be a positive int, got 0"):
+        kernel.launch_config(n_rows, n_dim, sms=0)
 
 
 def test_a_kernel_built_for_narrower_rows_is_refused():

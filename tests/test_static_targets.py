@@ -12,7 +12,7 @@ import math
 import pytest
 
 from cek import report, sass
-from cek.compile import nvrtc_version
+from cek.compile import compile_kernel, nvrtc_version
 from cek.kernel import kernel_classes
 
 pytestmark = [pytest.mark.compile,
@@ -28,7 +28,7 @@ def facts(name, dtype, n_dim, n_rows=65536):
 
 def ordinary_opcodes(kernel):
     """The opcodes of the kernel's ordinary path on sm_90, in listing order."""
-    listing = sass.disassemble(kernel.compile("sm_90").cubin)
+    listing = sass.disassemble(compile_kernel(kernel, "sm_90").cubin)
     marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu")
     return [i.opcode for block in sass.ordinary_path(sass.parse(listing), marks) for i in block]
 
@@ -198,13 +198,14 @@ def test_the_tail_counts_trips_of_the_main_loop():
     assert (first["reduction"]["tail_round_trips"], last["reduction"]["tail_round_trips"]) == (2, 2)
 
 
-# 8. Few wide rows use the whole GPU: where the launchers split (48 and 8 rows of 2^20, 256 of
-# 32768), every kernel of the split that reads the rows fills at least one wave (each SM holding
-# as many blocks as its occupancy allows), each block's loads in one round. The forward's second
-# launch reads 16 bytes a slice and 4 a row: a block a row, fewer than a wave, and its bytes are
-# a thousandth of the partial sums' (what fills it would be blocks with nothing to read). The
-# one-block-per-row kernels at these shapes run one block an SM: 0.36, 0.06 and 1.94 waves.
-SPLIT_SHAPES = [(48, 1 << 20), (8, 1 << 20), (256, 32768)]
+# 8. Few wide rows use the whole GPU: where the launchers split (8 rows of 2^20, 140 of 32768: a
+# nearly empty second wave of one block a row), every kernel of the split that reads the rows
+# fills at least one wave (each SM holding as many blocks as its occupancy allows), each
+# block's loads in one round. The forward's second launch reads 16 bytes a slice and 4 a row:
+# a block a row, fewer than a wave, and its bytes are a thousandth of the partial sums' (what
+# fills it would be blocks with nothing to read). The one-block-per-row kernels at these shapes
+# run one block an SM: 0.06 and 1.06 waves.
+SPLIT_SHAPES = [(8, 1 << 20), (140, 32768)]
 SPLIT_READERS = ("split-sums", "backward-split", "fused-split", "backward-keep-split")
 
 
@@ -234,10 +235,14 @@ def test_the_split_fills_a_wave_with_one_load_round_a_slice(name, dtype, n_rows,
     row = facts(name, dtype, n_dim, n_rows)
     assert row["waves"] >= 1, (row["grid"], row["blocks_per_sm"], row["waves"])
     assert row["spill_stores"] == row["spill_loads"] == row["local_bytes"] == 0
-    assert row["occupancy"] == 1.0
-    if name == "backward-keep-split":  # dy first, to know whether to read the slice, as
-        assert row["sass"]["load_rounds"] == 2  # backward-keep: its first round is dy alone
+    if name == "backward-keep-split":  # a wave grid: one wave, whatever N (an upstream
+        assert row["waves"] == 1.0  # gradient of 1 costs each block one load); dy first, to
+        assert row["sass"]["load_rounds"] == 2  # know whether to read the slice: its own round
+        # one block of 1024 an SM in 16-bit types, whose loop spilled at the 32 registers two
+        # allow (cek/cosine_embedding_loss_split.py, min_blocks)
+        assert row["occupancy"] == (0.5 if dtype == "bf16" else 1.0)
         return
+    assert row["occupancy"] == 1.0
     assert row["sass"]["load_rounds"] == 1
     assert row["bytes_in_flight_per_sm"] >= 2 * row["needed_bytes_in_flight_per_sm"]
 
@@ -252,3 +257,71 @@ def test_the_splits_forward_launch_is_a_launch_and_no_more(n_rows, n_dim):
     unsplit = facts("fused", "f32", n_dim, n_rows)  # one block of 1024 a row, one an SM
     assert unsplit["blocks_per_sm"] == 1
     assert unsplit["waves"] == pytest.approx(n_rows / report.GPUS["h200"].sms)
+
+
+# 9. The split-sums launch keeps its bytes in flight: two slices a block, 64 bytes a thread, 128 KB
+# an SM at two blocks, over four times what Little's law asks of an H200 at its loaded latency
+# and copy bandwidth (one slice a block kept 64 KB, under three times).
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("n_rows, n_dim", SPLIT_SHAPES)
+def test_the_partial_sums_keep_two_slices_in_flight(dtype, n_rows, n_dim):
+    row = facts("split-sums", dtype, n_dim, n_rows)
+    assert row["sass"]["load_rounds"] == 1
+    assert row["sass"]["loads"]["128"] == 4  # x1 and x2 of two slices
+    assert row["bytes_in_flight_per_sm"] == 2 * 1024 * 4 * 16  # two blocks of 1024 an SM
+    assert row["bytes_in_flight_per_sm"] >= 4 * row["needed_bytes_in_flight_per_sm"]
+
+
+# 10. The threshold's model (cek/split_model.py, docs/design.md "Wide rows, few of them"): the
+# per-SM rate it gives one block a row is the streamed kernel's loads in flight
+# (CEK_STREAM_UNROLL chunk pairs a thread, half in 16-bit types) over the loaded latency, at most
+# an SM's 64 bytes a cycle; its GPU is the report's H200; and where it puts the shapes the docs
+# and the GPU script name.
+def test_the_split_models_figures_are_the_kernels_and_the_gpus():
+    import re
+    from pathlib import Path
+
+    from cek import split_model
+
+    source = (Path(__file__).parents[1] / "kernels" / "cek_row.cuh").read_text()
+    unroll = int(re.search(r"constexpr int CEK_STREAM_UNROLL = (\d+);", source)[1])
+    assert "sizeof(T) == 2 ? CEK_STREAM_UNROLL / 2 : CEK_STREAM_UNROLL" in source
+    h200 = report.GPUS["h200"]
+    assert (split_model.SMS, split_model.L2_BYTES) == (h200.sms, h200.l2_bytes)
+    assert split_model.COPY_BYTES_PER_S == h200.copy_bytes_per_s
+    assert split_model.LOADED_LATENCY_S == h200.loaded_latency_s
+    for itemsize, pairs in ((4, unroll), (8, unroll), (2, unroll // 2)):
+        in_flight = 1024 * pairs * 32 / h200.loaded_latency_s
+        assert split_model.one_block_rate(itemsize) == min(in_flight, 64 * 1.98e9)
+
+
+@pytest.mark.parametrize("n_rows, n_dim, dtype, splits, low, high", [
+    (8, 1 << 20, "f32", True, 2.0, None),  # a few rows: one block each cannot keep DRAM busy
+    (8, 1 << 20, "bf16", True, 2.0, None),
+    (48, 1 << 20, "f32", False, 0.9, 1.1),  # DRAM-bound both ways: within 10%, one launch less
+    (256, 32768, "f32", False, 0.9, 1.1),
+    (48, 32768, "f32", False, None, 0.9),  # one block a row's second read from L2
+    (140, 32768, "f32", True, 1.1, None),  # a second wave of 8 blocks
+])
+def test_the_threshold_follows_the_model(n_rows, n_dim, dtype, splits, low, high):
+    from cek import cosine_embedding_loss_split as split
+    from cek import dtypes, split_model
+
+    speedup = split_model.speedup(n_rows, n_dim, dtypes.get(dtype).array.itemsize)
+    assert (low is None or speedup >= low) and (high is None or speedup <= high), speedup
+    assert split.splits(n_rows, n_dim, dtype) is splits
+
+
+# 11. The step's backward where the upstream gradient is 1 costs a wave of blocks at most, whatever
+# N (the keep kernel's wave grid), and the mean's reduction waits on memory twice with one
+# block's bytes in flight (its misaligned fallback left out as rare).
+@pytest.mark.parametrize("n_rows, n_dim", [(65536, 768), (1 << 20, 128)])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_the_steps_backward_and_reduction_at_the_target_shapes(n_rows, n_dim, dtype):
+    keep = facts("backward-keep", dtype, n_dim, n_rows)
+    assert keep["waves"] <= 1.0 and keep["grid"][0] <= keep["blocks_per_sm"] * 132
+    fused = facts("fused", dtype, n_dim, n_rows)
+    assert fused["waves"] > 20  # what a block a row would have launched for nothing
+    for reduction in report.reduction_rows(dtype, n_rows, n_dim):
+        assert reduction["sass"]["load_rounds"] == 2
+        assert reduction["bytes_in_flight_per_sm"] <= 128 * 1024

@@ -12,6 +12,7 @@ from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _close, _expected,
 pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
 import cek.torch as ct  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 # The gpu tier's row kernels of a step, one list for both tiers: a change fails here, without a
 # GPU. A mean or a sum adds the reduction of the per-row losses after the forward's kernel.
 from test_torch import EAGER_STEP_KERNELS, STEP_KERNELS  # noqa: E402
@@ -38,6 +39,8 @@ def cuda(standin, monkeypatch):  # noqa: F811
     first launch of a signature goes through every check (and DLPack), the later ones pass
     pointers."""
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    # torch's CPU build has no CUDA graphs to ask about: nothing is being captured
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(_cuda, "_plans", {})
     return standin
 
@@ -172,13 +175,13 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
 
 
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
-@pytest.mark.parametrize("d", [256, 768, 20000])
+@pytest.mark.parametrize("d", [256, 768, 32768])
 def test_row_widths(cuda, d, dtype):
     x1, x2, y = _torch_inputs(3, d, dtype, seed=d)
     loss = _cuda.forward(x1, x2, y, -0.25, "mean")
     dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
     width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
-    if d == 20000:  # three streamed rows: the split's pairs, the partial sums first
+    if d == 32768:  # three streamed rows: the split's pairs, the partial sums first
         sums, forward, reduce, sums_again, backward = cuda.launches
         assert [i.split("__")[0] for i in cuda.ids()] == [SPLIT_SUMS, SPLIT_FORWARD, REDUCE,
                                                           SPLIT_SUMS, SPLIT_BACKWARD]
@@ -283,9 +286,10 @@ def test_training_step_through_the_public_api(cuda, monkeypatch, route):
             _assert_rows(cuda.launches[0], N, "f32")
         else:
             _assert_reduce(*cuda.launches[:2], out, "f32", reduction, N)
-        # "none" and "sum" launch the signatures "mean" did (each row's loss is always
-        # written): pointers only
-        _assert_exports_on_torchs_stream(cuda, exported=reduction == "mean")
+        # "sum" launches the signatures "mean" did (each row's loss is always written, and the
+        # upstream gradient is one 0-d value): pointers only; "none" gives the backward a dy a
+        # row (the gradient of .mean(), read in place), a signature of its own
+        _assert_exports_on_torchs_stream(cuda, exported=reduction != "sum")
         _, sizes = _expected(x1.numpy(), x2.numpy(), y.numpy(), 0.1, *total)
         for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
             _close(got.detach(), ref, "f32", "grad", size)
@@ -323,14 +327,24 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
     x1, x2, y = _torch_inputs(N, 33, dtype, seed=11)
     with _device_only(cuda):
         loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, reduction)
-    dx1, dx2, _, sums = fused
+    dx1, dx2, (_, _, labels), sums = fused
     assert sums is None  # 33-wide rows: no split
     launch, *reduce = cuda.launches
-    if reduction == "none":
+    if reduction == "none":  # the rows handed out, written by the kernel in the inputs' dtype
         assert reduce == []
-        _assert_rows(launch, N, dtype)
+        half = dtype in ("f16", "bf16")
+        written = launch.args["loss_out" if half else "loss"]
+        assert launch.args["loss" if half else "loss_out"] is None
+        assert written.shape == (N,) and np.shares_memory(written, _bits(loss))
     else:
         _assert_reduce(launch, *reduce, loss, dtype, reduction, N)
+        assert launch.args["loss_out"] is None
+    # the labels' copy the backward reads, written by the kernel as it read them
+    assert np.shares_memory(launch.args["y_out"], labels.numpy())
+    # float64 labels of float32 rows are mapped to +-1 or 0 first; float64 rows read them as
+    # they are (a label not +-1 is then no label, compared exactly)
+    read = y.numpy() if dtype == "f64" else np.where(np.abs(y.numpy()) == 1, y.numpy(), 0)
+    assert np.array_equal(labels.numpy(), read.astype(labels.numpy().dtype))
     assert launch.kernel_id == f"cosine_embedding_loss_fused__{dtype}__64"
     assert launch.stream == STREAM and launch.args["dy"] is None
     scale = launch.args["scale"]  # in the accumulation dtype
@@ -354,7 +368,12 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
             got = _cuda.keep_backward(grad_output, x1, 0.1, reduction, fused)
         (launch,) = cuda.launches
         assert launch.kernel_id == f"cosine_embedding_loss_backward_keep__{dtype}__64"
-        assert launch.args["keep_dy"] == launch.args["dy"][0] or not kept[0]
+        # the gradient as autograd gives it, read in place: one a row for "none", else the 0-d
+        # one, with the scale the fused kernel used (a kept row's is 1 itself)
+        assert launch.args["dy_stride"] == (1 if reduction == "none" else 0)
+        assert np.shares_memory(launch.args["dy"], _bits(grad_output))
+        scale = launch.args["scale"]
+        assert scale == type(scale)(1 / N if reduction == "mean" else 1.0)
         assert got[0].data_ptr() == dx1.data_ptr() and got[1].data_ptr() == dx2.data_ptr()
         _, sizes = _expected(f1, f2, fy, 0.1, reduction, g.double().numpy())
         want = _expected(f1, f2, fy, 0.1, reduction, g.double().numpy())[0][1:]
@@ -365,12 +384,12 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_split_step_keeps_its_rows_from_the_partials_it_left(cuda, dtype):
-    """Three rows of 20000 (streamed, fewer than SPLIT_BELOW_ROWS): the eager step is the split's
+    """Three rows of 32768 (streamed, fewer than SPLIT_BELOW_ROWS): the eager step is the split's
     pair, the partial sums into a workspace torch allocates and the fused kernel from them, then
     the reduction; the backward is the split's keep kernel on those very partials (no second
     sums launch), which leaves a row whose upstream gradient is the forward's as it is and
     recomputes the others. Nothing is read back to the host, nothing comes from CuPy's pool."""
-    n, d = 3, 20000
+    n, d = 3, 32768
     x1, x2, y = _torch_inputs(n, d, dtype, seed=12)
     with _device_only(cuda):
         loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, "mean")
@@ -434,7 +453,7 @@ def test_compiled_steps_of_changing_shapes_trace_the_split_choice(cuda):
     step = torch.compile(lambda a, b, t: ct.cosine_embedding_loss(a, b, t, 0.1),
                          fullgraph=True, backend="eager", dynamic=True)
     for n, d, first in ((7, 33, "cosine_embedding_loss_forward_rows"),
-                        (3, 20000, SPLIT_SUMS)):
+                        (3, 32768, SPLIT_SUMS)):
         x1, x2, y = _torch_inputs(n, d, "f32", seed=12)
         c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
         cuda.launches.clear()
@@ -548,3 +567,121 @@ def test_a_signature_is_checked_in_full_once(cuda):
         _cuda.keep_backward(torch.ones(N), x1, 0.1, "none",
                             (dx, dx.clone(), _cuda._rows(x1[:3], x2[:3], y[:3]), None))
     assert cuda.launches == [] and (dx == 7.0).all()
+
+
+# -- every launch of a training step ------------------------------------------------------------
+
+# aten ops that launch no kernel on a GPU: allocations, and what only reads or changes metadata
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
+              "alias", "lift_fresh", "resolve_neg", "resolve_conj", "is_same_size",
+              "promote_types"}
+
+
+class _TorchKernels(TorchDispatchMode):
+    """The torch ops run while it is entered that launch a kernel on a GPU: each aten op but
+    views and those of _NO_KERNEL (an op seen here is one torch would dispatch to a kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in _NO_KERNEL:
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+# (width, the path cek's launchers take at 3 rows of it)
+STEP_PATHS = [(33, "row groups"), (768, "one block a row"), (32768, "split")]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("d, path", STEP_PATHS, ids=[p for _, p in STEP_PATHS])
+@pytest.mark.parametrize("reduction, upstream", [("mean", 1.0), ("sum", 1.0), ("sum", 3.0),
+                                                 ("none", "per row")])
+def test_every_launch_of_a_training_step(cuda, monkeypatch, dtype, d, path, reduction,
+                                         upstream):
+    """A training step through cek.torch's eager route launches what a hand-written one would:
+    the forward, the fused kernel (after the split's partial sums where it splits) and the
+    reduction of a mean or a sum; the backward, one keep kernel, which reads the upstream
+    gradient as autograd gives it (no expand, multiply or cast launched before) and, where it
+    is 1, keeps the fused kernel's gradients. The labels' copy the backward may read is the
+    fused kernel's, and "none" hands out rows the kernel wrote in the inputs' dtype. No torch op
+    runs but autograd's own seed of loss.backward() (the caller's), here a TorchDispatchMode
+    sees every op torch dispatches."""
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: True)  # through the mode too
+    n = 3
+    x1, x2, y = _torch_inputs(n, d, dtype, seed=d)
+    y = y.float()  # labels as a float32 target comes: read in place
+    c1, c2 = (t.clone().as_subclass(CudaLike).requires_grad_() for t in (x1, x2))
+    cy = y.as_subclass(CudaLike)
+    dt = TORCH_DTYPES[dtype]
+    grad = None if upstream == 1.0 else torch.tensor(3.0, dtype=dt) if upstream == 3.0 else \
+        torch.linspace(0.5, 2.0, n, dtype=dt)
+    # A step first, as a loop's first step: its launches pass the tensors through DLPack, and
+    # the stand-in keeps those views, and with them a reference to dx1 and dx2, which would
+    # make autograd copy them into .grad (on a GPU the views are gone when the launch returns).
+    ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction).backward(grad)
+    c1.grad = c2.grad = None
+    cuda.launches.clear()
+    torch_ops = _TorchKernels()
+    with _device_only(cuda), torch_ops:
+        out = ct.cosine_embedding_loss(c1, c2, cy, 0.1, reduction=reduction)
+        forward = [i.split("__")[0] for i in cuda.ids()]
+        forward_ops = list(torch_ops.ops)
+        cuda.launches.clear()
+        out.backward(grad)
+    backward = [i.split("__")[0] for i in cuda.ids()]
+    backward_ops = torch_ops.ops[len(forward_ops):]
+    split = path == "split"
+    fused = SPLIT_FUSED if split else "cosine_embedding_loss_fused"
+    assert forward == [SPLIT_SUMS] * split + [fused] + [REDUCE] * (reduction != "none")
+    assert backward == [f"{SPLIT_BACKWARD}_keep" if split else "cosine_embedding_loss_backward_keep"]
+    assert forward_ops == []
+    # autograd's seed of a 0-d loss's backward() without a gradient: torch.ones_like
+    assert backward_ops == (["ones_like"] if grad is None else [])
+    assert out.dtype == dt and out.shape == (() if reduction != "none" else (n,))
+    # the gradients are right, kept or recomputed
+    w = 1.0 if grad is None else grad.double().numpy()
+    _, sizes = _expected(x1.double().numpy(), x2.double().numpy(), y.numpy(), 0.1, reduction, w)
+    a1, a2 = (t.double().requires_grad_() for t in (x1, x2))
+    want = torch.nn.functional.cosine_embedding_loss(a1, a2, y.double(), 0.1, reduction=reduction)
+    want.backward(None if grad is None else grad.double())
+    for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
+        _close(got.detach().double(), ref, dtype, "grad", size)
+
+
+def test_a_first_launch_under_cuda_graph_capture_is_refused_before_anything_runs(cuda,
+                                                                                 monkeypatch):
+    """The first launch of a kernel compiles and loads it, which CUDA-graph capture forbids:
+    cek says so, naming the warm-up, before anything is asked of the device; a kernel loaded
+    already takes a new signature (its checks are host work) under capture."""
+    from cek import gpu
+
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=13)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(gpu.CaptureError, match=r"forward_rows.*run the step once before "
+                                               r"capturing it \(a warm-up"):
+        _cuda.forward(x1, x2, y, 0.1, "none")
+    assert cuda.launches == []
+    monkeypatch.setattr(gpu, "is_loaded", lambda kernel, device: True)
+    _cuda.forward(x1, x2, y, 0.1, "none")
+    assert [i.split("__")[0] for i in cuda.ids()] == ["cosine_embedding_loss_forward_rows"]
+
+
+def test_a_margin_beyond_float32_warns_nothing_on_either_launch(cuda):
+    """A finite margin past float32's range is +-inf in the float kernels, as their arithmetic
+    would make it; cek's own casts say nothing (a warning is an exception under -W error), on
+    the first launch of a signature (every check) and on the next ones (pointers)."""
+    import warnings
+
+    x1, x2, y = _torch_inputs(N, 33, "f32", seed=14)
+    for margin in (1e39, -1e300, 1e39):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loss = _cuda.forward(x1, x2, y, margin, "none")
+        assert cuda.launches[-1].args["margin"] == np.float32(np.sign(margin) * np.inf)
+        got, labels = loss.numpy(), y.numpy()
+        assert np.isfinite(got[labels == 1]).all()  # 1 - c
+        assert (got[labels == -1] == (0 if margin > 0 else np.inf)).all()  # c - margin, or 0
+        assert (got[np.abs(labels) != 1] == 0).all()

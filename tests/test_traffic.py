@@ -84,8 +84,9 @@ def assert_traffic(kernel, counts, n_rows, n_dim):
         else:
             moved += t.read + t.written
     want = kernel.bytes_moved(n_rows, n_dim)
-    if kernel.kind == "fused" and "dy" in counts:
-        want += counts["dy"].size  # bytes_moved is the mean/sum case; the .cu adds A*N with dy
+    if kernel.kind == "fused":  # bytes_moved is cek.torch's step of a mean or a sum (the loss and
+        # the labels' copy written, no dy); the .cu adds S*N for a dy a row or a loss_out
+        want += sum(counts[name].size for name in ("dy", "loss_out") if name in counts)
     assert moved == want, f"{kernel.id}: moves {moved} bytes, bytes_moved says {want}"
 
 

@@ -12,7 +12,8 @@
 //   Sync         __syncthreads(); __shfl_sync __shfl_xor_sync __shfl_down_sync __shfl_up_sync
 //                (width defaults to 32), for values of at most 8 bytes; __all_sync.
 //   Vectors      float2 float3 float4 int4 with make_*; CUDA alignment (float4 and int4: 16 bytes);
-//                reinterpret_cast vector loads and stores; __ldg of any of them or a scalar.
+//                reinterpret_cast vector loads and stores; __ldg and __stcs of any of them or a
+//                scalar.
 //   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
 //                atomicAdd on float, int and unsigned.
 //   Memory       __threadfence() (a sequentially consistent fence: blocks run one after
@@ -139,6 +140,15 @@ __device__ __forceinline__ T __ldg(const T* p, const char* file = __builtin_FILE
     if (reinterpret_cast<unsigned long>(p) % alignof(T) != 0)
         cek_misaligned(p, alignof(T), "__ldg", file, line);
     return *p;
+}
+
+// A store with the evict-first hint (st.global.cs): a plain store here, alignment checked.
+template <class T>
+__device__ __forceinline__ void __stcs(T* p, T value, const char* file = __builtin_FILE(),
+                                       int line = __builtin_LINE()) {
+    if (reinterpret_cast<unsigned long>(p) % alignof(T) != 0)
+        cek_misaligned(p, alignof(T), "__stcs", file, line);
+    *p = value;
 }
 
 // ---- math: libm's names, which g++ treats as builtins (inline with -fno-math-errno) -------

@@ -40,6 +40,8 @@ float32, as torch's own autocast policy does for cosine_embedding_loss.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch.autograd import forward_ad
@@ -76,12 +78,12 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
         # input on its own also accepts the mixed float32/bfloat16 pairs autocast produces.
         input1, input2 = (t.float() if t.dtype in _HALVES else t for t in (input1, input2))
     keep = torch.is_grad_enabled() and (input1.requires_grad or input2.requires_grad)
-    input1, input2, target, margin, reduction = _check(input1, input2, target, margin, reduction,
-                                                       keep)
+    input1, input2, target, margin, reduction, fuse = _check(input1, input2, target, margin,
+                                                             reduction, keep)
     if autocast:
         with torch.autocast(device_type=device_type, enabled=False):
-            return _apply(input1, input2, target, margin, reduction, device_type)
-    return _apply(input1, input2, target, margin, reduction, device_type)
+            return _apply(input1, input2, target, margin, reduction, device_type, fuse)
+    return _apply(input1, input2, target, margin, reduction, device_type, fuse)
 
 
 class CosineEmbeddingLoss(torch.nn.Module):
@@ -102,20 +104,34 @@ class CosineEmbeddingLoss(torch.nn.Module):
         return f"margin={self.margin}, reduction={self.reduction!r}"
 
 
-def _apply(input1, input2, target, margin, reduction, device_type):
+def _apply(input1, input2, target, margin, reduction, device_type, fuse):
     """The composite torch formula, the eager autograd.Function or the custom op. The three
-    tensors are on one device (_check), of type `device_type`."""
-    if device_type not in ("cpu", "cuda", "meta") or input1.shape[-1] == 0:
+    tensors are on one device (_check), of type `device_type`; `fuse`: _fuses said the eager
+    route runs the fused kernel."""
+    if _composite_route(device_type, input1, input2, target):
         return _composite.loss(input1, input2, target, margin, reduction)
     if torch.compiler.is_compiling():
         return _ops.loss_op(input1, input2, target, margin, reduction)
-    if _transformed(input1, input2, target):
-        return _composite.loss(input1, input2, target, margin, reduction)
     if _plain_eager(device_type, input1, input2, target):
-        fuse = input1.is_cuda and torch.is_grad_enabled() and (
-            input1.requires_grad or input2.requires_grad)
         return _ops.eager(input1, input2, target, margin, reduction, fuse)
     return _ops.loss_op(input1, input2, target, margin, reduction)
+
+
+def _composite_route(device_type, input1, input2, target) -> bool:
+    """Devices without kernels, D = 0, and (outside torch.compile) torch.func transforms."""
+    if device_type not in ("cpu", "cuda", "meta") or input1.shape[-1] == 0:
+        return True
+    return not torch.compiler.is_compiling() and _transformed(input1, input2, target)
+
+
+def _fuses(input1, input2, target, margin, keep) -> bool:
+    """Whether the call runs the eager route's fused kernel (CUDA inputs whose gradients
+    autograd will want, a finite margin, plain tensors outside torch.compile and transforms),
+    which writes the copy of the labels its backward reads (cek/torch/_ops.py, Eager)."""
+    return (keep and input1.is_cuda and math.isfinite(margin)
+            and not torch.compiler.is_compiling()
+            and not _composite_route("cuda", input1, input2, target)
+            and _plain_eager("cuda", input1, input2, target))
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -140,9 +156,11 @@ def _transformed(*tensors) -> bool:  # input1, input2, target
 def _check(input1, input2, target, margin, reduction, keep):
     """Every check on tensors, before any work, torch's promotion of integer and bool inputs,
     its broadcasting and its reading of the labels: (input1, input2, labels, margin as float,
-    reduction). Float inputs of two dtypes stay as they are: the ops convert them, so that
-    autograd saves the caller's tensors (_ops._promoted). `keep`: a backward will read the
-    labels (_labels). What the tensors' checks decide depends only on their dtypes, shapes and
+    reduction, whether the eager fused kernel runs: _fuses). Float inputs of two dtypes stay as
+    they are: the ops convert them, so that autograd saves the caller's tensors
+    (_ops._promoted). `keep`: a backward will read the labels (_labels), which then are a copy
+    of the caller's: made here, or by the fused kernel as it reads them. What the tensors'
+    checks decide depends only on their dtypes, shapes and
     devices (and torch's default dtype, for integer inputs): it is worked out in full for the
     first call of each and found after that (_plan), as a training loop passes the same few
     step after step. Not under torch.compile, which turns the checks into guards of its own and
@@ -166,10 +184,13 @@ def _check(input1, input2, target, margin, reduction, keep):
         input1 = input1.to(dtype)
     if input2.dtype not in _FLOATS:
         input2 = input2.to(dtype)
-    target = _labels(target, dtype, keep)
     if expand:
-        input1, input2, target = input1.expand(shape), input2.expand(shape), target.expand(rows)
-    return input1, input2, target, margin, reduction
+        input1, input2 = input1.expand(shape), input2.expand(shape)
+    fuse = _fuses(input1, input2, target, margin, keep) if keep else False
+    target = _labels(target, dtype, keep and not fuse)
+    if expand:
+        target = target.expand(rows)
+    return input1, input2, target, margin, reduction, fuse
 
 
 def _margin(margin):
@@ -205,17 +226,18 @@ _SIGNED = {torch.uint8: torch.int8, torch.uint16: torch.int16, torch.uint32: tor
            torch.uint64: torch.int64}
 
 
-def _labels(target, dtype, keep):
+def _labels(target, dtype, copy):
     """The labels as cek reads them: a row is label 1 or -1 exactly where torch's loss finds it
     so, comparing `target == 1` and `target == -1` in the target's own dtype (where -1 is the
     largest value of an unsigned type, 255 in uint8, and no bool equals -1). They come in the
     inputs' accumulation dtype (float32, or float64 for float64 inputs), which the kernels read.
-    `keep`: a backward will read them. They are then never the caller's tensor, as torch's
-    backward saves its comparisons, not the target: a label buffer refilled in place before the
-    backward, or labels made under torch.inference_mode (which autograd cannot save), work."""
+    `copy`: a backward will read them and no kernel copies them first. They are then never the
+    caller's tensor, as torch's backward saves its comparisons, not the target: a label buffer
+    refilled in place before the backward, or labels made under torch.inference_mode (which
+    autograd cannot save), work."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if target.dtype == acc:
-        return target.clone(memory_format=torch.contiguous_format) if keep else target
+        return target.clone(memory_format=torch.contiguous_format) if copy else target
     if target.dtype == torch.float64 or target.is_complex():  # float32 could round 1 + 1e-12
         # to label 1; a complex label is +-1 only with no imaginary part
         return torch.where(target == 1, 1.0, torch.where(target == -1, -1.0, 0.0)).to(acc)
@@ -245,19 +267,30 @@ def _plan(input1, input2, target):
                          f"target {shape_t}")
     dims = 2 if target.dim() == 1 else 1
     if input1.dim() != dims or input2.dim() != dims:
-        wanted = "1D target tensor expects 2D input tensors (N, D)" if dims == 2 else \
-            "0D target tensor expects 1D input tensors (D,)"
-        raise ShapeError(f"{wanted}, but found inputs with sizes {shape1} and {shape2} "
-                         f"({input1.dim()} and {input2.dim()} dims), target {shape_t}")
-    if shape1[-1] != shape2[-1]:  # torch would broadcast D too, but then each norm runs over
-        raise ShapeError(  # its own width: a different loss, not cek's (docs/torch.md)
-            f"the width D of input1 ({shape1[-1]}) must match the size of input2's "
-            f"({shape2[-1]}): got {shape1} and {shape2}")
+        wanted = "1D target tensor expects 2D input tensors" if dims == 2 else \
+            "0D target tensor expects 1D input tensors"
+        raise ShapeError(f"{wanted}, but found inputs with sizes {list(shape1)} and "
+                         f"{list(shape2)} ({input1.dim()} and {input2.dim()} dims, target "
+                         f"{shape_t})")
+    # Where torch's broadcasting fails, its message first (input1 * input2 fails at the last
+    # dimension before the first; then the target against the rows of the cosine).
+    width1, width2 = shape1[-1], shape2[-1]
+    if width1 != width2 and 1 not in (width1, width2):
+        raise ShapeError(f"The size of tensor a ({width1}) must match the size of tensor b "
+                         f"({width2}) at non-singleton dimension {dims - 1}: the width D of "
+                         f"input1 {shape1} and input2 {shape2} differ")
     counts = {shape1[0], shape2[0], shape_t[0]} - {1} if dims == 2 else set()
     if len(counts) > 1:  # torch's broadcasting of the rows: each count is N or 1
-        raise ShapeError(f"the rows of input1 {shape1}, input2 {shape2} and target {shape_t} "
-                         f"do not broadcast: each count must match the size N of the others "
-                         f"or be 1")
+        a, b = (shape1[0], shape2[0]) if len({shape1[0], shape2[0]} - {1}) > 1 else \
+            (shape_t[0], shape1[0] if shape2[0] == 1 else shape2[0])
+        raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) "
+                         f"at non-singleton dimension 0: the rows of input1 {shape1}, input2 "
+                         f"{shape2} and target {shape_t} do not broadcast (each count must be "
+                         f"N or 1)")
+    if width1 != width2:  # torch would broadcast D too, but then each norm runs over its own
+        raise ShapeError(  # width: a different loss, not cek's (docs/torch.md)
+            f"the width D of input1 ({width1}) must match the size of input2's ({width2}): "
+            f"got {shape1} and {shape2}")
     rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
     # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype
     # (the default dtype for an integer or bool input), and the cosine promotes the two.

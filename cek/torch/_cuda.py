@@ -29,6 +29,7 @@ from torch.utils.dlpack import to_dlpack
 
 from cek import cosine_embedding_loss_split as split
 from cek import gpu
+from cek.kernel import c_scalar
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
@@ -47,15 +48,16 @@ def _accumulation(dtype):
 def _rows(x1, x2, target):
     """(x1, x2) as contiguous [N, D], labels as contiguous [N] in the accumulation dtype, none
     with torch's negative bit (a pointer, like DLPack, carries the storage, not the bit).
-    float64 labels are mapped to exactly +-1 or 0 first: rounding could turn 1 + 1e-12 (no
-    label) into 1. No copy and no new tensor where the caller's already are so (the common
-    step)."""
+    float64 labels of float32 rows are mapped to exactly +-1 or 0 first: rounding could turn
+    1 + 1e-12 (no label) into 1. No copy and no new tensor where the caller's already are so
+    (the common step)."""
     a1, a2, y = _stored(x1).contiguous(), _stored(x2).contiguous(), _stored(target)
     if a1.dim() == 1:
         a1, a2, y = a1.view(1, -1), a2.view(1, -1), y.reshape(1)
-    if y.dtype == torch.float64:
+    acc = _accumulation(x1.dtype)
+    if y.dtype == torch.float64 and acc != torch.float64:
         y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
-    return a1, a2, _to(y, _accumulation(x1.dtype)).contiguous()
+    return a1, a2, _to(y, acc).contiguous()
 
 
 def _stored(tensor):
@@ -98,7 +100,9 @@ class _StreamHandle:
 
 class _Plan:
     """A launch of one signature that passed every check, as the arguments of the next ones:
-    the ints and the launch configuration fixed, pointers and float scalars filled per call.
+    the ints (dy_stride among them: a 0-d dy is read with 0, an [N] one with 1, so the shapes
+    of the signature fix it) and the launch configuration fixed, pointers and float scalars
+    filled per call.
     Pointers go as Python ints, which CuPy passes as 8 bytes (int64), 0 for an absent one.
     The configuration is the one the checked arguments call for (the kernel's problem_size:
     for the reduction, whether partials are given sets the grid). `function` is the compiled
@@ -108,10 +112,10 @@ class _Plan:
 
     __slots__ = ("kernel", "config", "args", "pointers", "floats", "function")
 
-    def __init__(self, kernel, checked, function):
+    def __init__(self, kernel, checked, function, config):
         self.kernel = kernel
         self.function = function
-        self.config = kernel.launch_config(*kernel.problem_size(checked))
+        self.config = config
         self.args = [kernel.arg_dtype(a).type(value) if a.ctype == "int" else None
                      for a, value in zip(kernel.args, checked)]
         self.pointers = tuple(i for i, a in enumerate(kernel.args) if a.is_pointer)
@@ -123,7 +127,7 @@ class _Plan:
         for i, t in zip(self.pointers, tensors):
             args[i] = 0 if t is None else t.data_ptr()
         for i, name, c_type in self.floats:
-            args[i] = c_type(scalars[name])
+            args[i] = c_scalar(c_type, scalars[name])
         return args
 
 
@@ -141,8 +145,10 @@ def _signature(kernel_class, dtype, n, d, tensors):
 def _launch(kernel_class, x1, tensors, n, d, **scalars):
     """Launch the kernel of x1's dtype for width d on x1's device and torch's current stream
     there, taken per call: the current stream may change between calls. `tensors` are the
-    kernel's pointer arguments in order (None for an absent optional one); `scalars` its float
-    arguments, by name."""
+    kernel's pointer arguments in order (None for an absent optional one); `scalars` its
+    float arguments and its ints but n_rows and n_dim, by name. The first launch of a signature
+    compiles and loads the kernel where it has not run on this device yet, which a CUDA-graph
+    capture forbids: there it raises cek.gpu.CaptureError, naming the warm-up to do."""
     cupy = gpu.require_cupy()
     device = x1.device
     stream = _StreamHandle(torch.cuda.current_stream(device))
@@ -155,14 +161,20 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
                           stream=stream)
             return
         kernel, names = _kernel(kernel_class, d, x1.dtype)
+        if not gpu.is_loaded(kernel, device.index) and torch.cuda.is_current_stream_capturing():
+            gpu.refuse_capture(kernel)
         views = iter(_views(cupy, kernel, tensors))
         sizes = {"n_rows": n, "n_dim": d, **scalars}
         args = [next(views) if name is None else sizes[name] for name in names]
         gpu.launch(kernel, *args, stream=stream)
         function = gpu.get_function(kernel)  # this device's, as the launch just used
+        checked = kernel.check_args(args, (cupy.ndarray,))
+        wave = getattr(kernel, "wave_grid", False)
+        sms = {"sms": gpu.multiprocessors(device.index)} if wave else {}
+        config = kernel.launch_config(*kernel.problem_size(checked), **sms)
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    _plans[key] = _Plan(kernel, args, function)
+    _plans[key] = _Plan(kernel, args, function, config)
 
 
 def _views(cupy, kernel, tensors):
@@ -235,52 +247,68 @@ def fused_forward(x1, x2, target, margin, reduction):
     """(loss, kept) from the fused kernel, which reads x1 and x2 once: the loss, and the
     gradients for an upstream gradient of 1 (each row's: fused_scale), which keep_backward
     turns into the gradients for the upstream gradient the backward is given. `kept` is what
-    keep_backward needs: (dx1, dx2, the kernel's x1, x2 and labels, or None for N = 0, and the
-    split's partial sums or None), held so that the backward reads the very tensors the
-    forward did."""
+    keep_backward needs: (dx1, dx2, the kernel's x1, x2 and its copy of the labels, or None for
+    N = 0, and the split's partial sums or None), held so that the backward reads the very
+    tensors the forward did. The kernel writes that copy of the labels as it reads them, and
+    for reduction "none" the per-row losses in x1's dtype: nothing else is launched but the
+    reduction of a mean or a sum."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
     rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
     if n == 0:
         return _reduced(rows, x1, reduction), (dx1, dx2, None, None)
+    labels = _like(y)
+    # The per-row losses in the accumulation dtype (a reduction's input), or in x1's where
+    # "none" hands them out and x1's is another (16-bit): the kernel rounds them itself.
+    loss, loss_out = rows, None
+    if reduction == "none" and rows.dtype != x1.dtype:
+        loss, loss_out = None, rows.new_empty(rows.shape, dtype=x1.dtype)
     sums = _partials(x1, a1, a2)
     scale = fused_scale(n, reduction)
     if sums is not None:
         _launch(split.CosineEmbeddingLossSplitFused, x1,
-                (a1, a2, y, None, sums, rows, dx1, dx2), n, d, margin=margin, scale=scale)
-    else:
-        _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, rows, dx1, dx2), n, d,
+                (a1, a2, y, None, sums, loss, dx1, dx2, loss_out, labels), n, d, dy_stride=0,
                 margin=margin, scale=scale)
-    return _reduced(rows, x1, reduction), (dx1, dx2, (a1, a2, y), sums)
+    else:
+        _launch(CosineEmbeddingLossFused, x1, (a1, a2, y, None, loss, dx1, dx2, loss_out, labels),
+                n, d, dy_stride=0, margin=margin, scale=scale)
+    result = _reduced(rows, x1, reduction) if loss_out is None else _reduced(loss_out, x1, "none")
+    return result, (dx1, dx2, (a1, a2, labels), sums)
 
 
-def _per_row(grad, n, dtype):
-    """The upstream gradient of each row's loss before the mean's 1/N, in the accumulation
-    dtype: the loss's gradient, expanded (a view) where the loss is one value."""
-    grad = _to(grad, dtype)
-    return grad if grad.dim() == 1 else grad.expand(n)
+def _upstream(grad, dtype):
+    """(dy, dy_stride): the loss's gradient `grad` as the gradient kernels read it, in place,
+    in x1's dtype `dtype` (autograd's gradient of the loss is of the loss's dtype, x1's): a 0-d
+    one (a mean's, a sum's, one row's) with dy_stride 0, one a row with 1. An expanded one (the
+    gradient of the per-row losses' .sum() or .mean()) is its one value, read with 0. No copy
+    is made but of a gradient in another dtype, with torch's negative bit, or strided."""
+    grad = _to(_stored(grad), dtype)
+    if grad.dim() == 0:
+        return grad, 0
+    if grad.shape[0] == 1 or grad.stride(0) == 0:
+        return grad[0], 0
+    return grad.contiguous(), 1
 
 
 def keep_backward(grad, x1, margin, reduction, kept):
     """fused_forward's dx1, dx2 (in `kept`) made the gradients for `grad`, in place, on the
-    device: rows whose upstream gradient is the one the fused kernel used are kept as they are
-    (the kernel reads only their dy), the others are recomputed from x1 and x2 (after the
-    split's fused forward, from the partial sums it left and each slice read again). No value
-    is read back to the host."""
+    device, in one launch: rows whose upstream gradient is the one the fused kernel used (a
+    `grad` of 1) are kept as they are, the others are recomputed from x1 and x2 (after the
+    split's fused forward, from the partial sums it left and each slice read again). The keep
+    kernel reads the gradient as autograd gives it (no expand, multiply or cast launched
+    first), and where one value of 1 stands for every row, each of its blocks reads it and
+    returns. No value is read back to the host."""
     dx1, dx2, rows, sums = kept
     if rows is not None:
         n, d = dx1.shape
-        scale = fused_scale(n, reduction)
-        # grad * scale in the accumulation dtype: exactly the fused kernel's scale where grad is
-        # 1; the product of the expanded grad is a new contiguous [N] tensor, with no neg bit.
-        dy = _per_row(grad, n, _accumulation(x1.dtype)) * scale
+        dy, stride = _upstream(grad, x1.dtype)
+        upstream = dict(dy_stride=stride, scale=fused_scale(n, reduction), margin=margin)
         if sums is not None:
             a1, a2, y = rows
             _launch(split.CosineEmbeddingLossSplitBackwardKeep, x1,
-                    (dy, a1, a2, y, sums, dx1, dx2), n, d, margin=margin, keep_dy=scale)
+                    (dy, a1, a2, y, sums, dx1, dx2), n, d, **upstream)
         else:
-            _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, *rows, dx1, dx2), n, d,
-                    margin=margin, keep_dy=scale)
+            _launch(CosineEmbeddingLossBackwardKeep, x1, (dy, *rows, dx1, dx2), n, d, **upstream)
     return _shaped(dx1, x1), _shaped(dx2, x1)
 
 
@@ -290,18 +318,20 @@ def _shaped(dx, x1):
 
 def backward(grad, x1, x2, target, margin, reduction):
     """(dx1, dx2) for the upstream gradient `grad` from the backward kernel, which reads x1 and
-    x2 once and writes dx1 and dx2 once (the split's pair for a few wide rows: twice); `grad`
-    stays on the device."""
+    x2 once and writes dx1 and dx2 once (the split's pair for a few wide rows: twice), and
+    reads `grad` in place on the device, with the mean's 1/N as its scale."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    dy = _per_row(_stored(grad), n, y.dtype)
-    dy = (dy / n if reduction == "mean" else dy).contiguous()
     dx1, dx2 = _like(a1), _like(a1)
+    if n == 0:
+        return _shaped(dx1, x1), _shaped(dx2, x1)
+    dy, stride = _upstream(grad, x1.dtype)
+    upstream = dict(dy_stride=stride, scale=1.0 / n if reduction == "mean" else 1.0,
+                    margin=margin)
     sums = _partials(x1, a1, a2)
     if sums is not None:
         _launch(split.CosineEmbeddingLossSplitBackward, x1, (dy, a1, a2, y, sums, dx1, dx2),
-                n, d, margin=margin)
-    elif n > 0:
-        _launch(CosineEmbeddingLossBackwardRows, x1, (dy, a1, a2, y, dx1, dx2), n, d,
-                margin=margin)
+                n, d, **upstream)
+    else:
+        _launch(CosineEmbeddingLossBackwardRows, x1, (dy, a1, a2, y, dx1, dx2), n, d, **upstream)
     return _shaped(dx1, x1), _shaped(dx2, x1)

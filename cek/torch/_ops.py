@@ -140,6 +140,8 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, run=backward_op):
     x1, x2, target = ctx.saved_tensors
+    if target is None:  # the eager fused route: the fused kernel's copy of the labels
+        target = ctx.labels
     fused, ctx.fused = getattr(ctx, "fused", None), None  # handed out at most once
     if torch.is_grad_enabled():  # create_graph=True: a backward autograd can differentiate
         dx1, dx2 = _composite.gradients(grad, x1, x2, target, ctx.margin, ctx.reduction)
@@ -148,7 +150,7 @@ def _backward(ctx, grad, run=backward_op):
         dx1, dx2 = _own_dtypes(*_cuda.keep_backward(grad, a1, ctx.margin, ctx.reduction, kept),
                                x1, x2)
     else:
-        dx1, dx2 = run(grad.contiguous(), x1, x2, target, ctx.margin, ctx.reduction)
+        dx1, dx2 = run(grad, x1, x2, target, ctx.margin, ctx.reduction)
     return (dx1 if ctx.needs_input_grad[0] else None,
             dx2 if ctx.needs_input_grad[1] else None, None, None, None)
 
@@ -168,13 +170,19 @@ class Eager(torch.autograd.Function):
         """fuse: CUDA inputs whose gradients autograd will want. The fused kernel then gives
         the loss and the gradients for an upstream gradient of 1 in one pass, kept for the
         backward (two N x D buffers alive in between), which only corrects the rows whose
-        upstream gradient is not that (docs/torch.md)."""
+        upstream gradient is not that (docs/torch.md), and a copy of the labels for it
+        (cek.torch then hands the caller's labels over uncopied)."""
         inputs = (x1, x2, target, margin, reduction)
-        _setup_context(ctx, inputs, None)
         if not fuse or not math.isfinite(margin):
+            _setup_context(ctx, inputs, None)
             return loss(*inputs)
         a1, a2 = _promoted(x1, x2)
         result, kept = _cuda.fused_forward(a1, a2, target, margin, reduction)
+        # The labels the backward reads are the kernel's copy, not the caller's tensor, which
+        # may be refilled in place before the backward (torch's loss saves its comparisons):
+        # saved, it would fail autograd's version check there.
+        _setup_context(ctx, (x1, x2, None, margin, reduction), None)
+        ctx.labels = target if kept[2] is None else kept[2][2].view(target.shape)
         ctx.fused = kept, a1  # a1: what the kernels read as x1, for the dtype and shape
         return result
 
