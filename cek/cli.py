@@ -483,10 +483,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
                   as_json: bool) -> None:
     """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON; the
     second kernel of a pair after the first (once), a mean's kernels after the reduction's."""
-    from cek import report
-    from cek.compile import CompileError, compile_kernel
-
-    from cek import cosine_embedding_loss_split as split
+    from cek import report, sass
 
     rows, reduced, shown, said = [], set(), set(), set()
     for kernel, width in cases:
@@ -509,7 +506,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
                 rows.append(report.static_row(k, n_rows, width, arch=arch, gpu=gpu))
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from exc
-            except CompileError as exc:
+            except (CompileError, sass.NvdisasmFailed) as exc:
                 raise click.ClickException(str(exc)) from exc
         try:
             # A mean or sum of the per-row losses these kernels write is the reduction's
@@ -519,7 +516,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
                 rows += report.reduction_rows(kernel.dtype, n_rows, width, arch=arch, gpu=gpu)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
-        except CompileError as exc:
+        except (CompileError, sass.NvdisasmFailed) as exc:
             raise click.ClickException(str(exc)) from exc
     missing = next((r["sass_missing"] for r in rows if r["sass_missing"]), None)
     if missing:

@@ -84,7 +84,7 @@ def _gpu(name: str, arch: str) -> Gpu:
 # Functions whose loads read what the launch before wrote, a few bytes a block that every block
 # of a row reads again: the split's partial sums (kernels/cosine_embedding_loss_split.cu: 16
 # bytes a slice in float, 32 in double, loaded by the threads t < S of each block of the row, S
-# its slices). They come from L2 (a pair's partials are 16 x N x S bytes in float: 192 KB at 48
+# its slices). They come from L2 (a pair's partials are 16 x N x S bytes in float: 32 KB at 8
 # x 2^20), so the bytes in flight, which are set against what DRAM needs, leave them out.
 L2_READS = ("cek_load_partial",)
 

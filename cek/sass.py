@@ -27,6 +27,16 @@ class NvdisasmMissing(RuntimeError):
     """nvdisasm is not installed."""
 
 
+class NvdisasmFailed(RuntimeError):
+    """nvdisasm failed on a cubin, or did not finish in DISASSEMBLE_SECONDS."""
+
+
+# nvdisasm lists a cek cubin in a second or two. Bounds for the rare cubin it loops on (13.5's
+# -gi on NVRTC 12.0's sm_90 code of one shape of the split's sums grew to 16 GB in two minutes
+# before the kernel was restructured): an error instead of a machine out of memory.
+DISASSEMBLE_SECONDS = 60
+DISASSEMBLE_BYTES = 6 << 30  # address space, where the platform can limit it
+
 MISSING = ("nvdisasm not found: the SASS facts need NVIDIA's disassembler; "
            "pip install nvidia-cuda-nvdisasm (or '.[sass]' from a checkout), or put nvdisasm on "
            "PATH")
@@ -55,10 +65,25 @@ def disassemble(cubin: bytes, tool: str | None = None) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        done = subprocess.run([tool, "-c", "-gi", f.name], capture_output=True, text=True)
+        try:
+            done = subprocess.run([tool, "-c", "-gi", f.name], capture_output=True, text=True,
+                                  timeout=DISASSEMBLE_SECONDS, preexec_fn=_bounded)
+        except subprocess.TimeoutExpired:
+            raise NvdisasmFailed(f"{tool} did not finish in {DISASSEMBLE_SECONDS} s; the SASS "
+                                 "facts of this kernel are not known") from None
     if done.returncode != 0:
-        raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr.strip()}")
+        raise NvdisasmFailed(f"{tool} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
+
+
+def _bounded() -> None:
+    """In nvdisasm's process before it starts: its address space capped where POSIX allows."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (DISASSEMBLE_BYTES, DISASSEMBLE_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 # -- where rare code is: CEK_RARE_PATH() in the source ---------------------------------------

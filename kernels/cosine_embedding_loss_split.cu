@@ -124,6 +124,30 @@ __device__ __forceinline__ void cek_split_slice_sums(const CekChunk<T>& a, const
     if (threadIdx.x == 0) sums[slice] = {s.sq1, s.sq2, s.dot, far};
 }
 
+// This thread's chunk pair of each of a block's slices, all loads issued before any is used;
+// the alignment test made once for all of them, as in cek_load_pairs.
+template <int N, typename T>
+__device__ __forceinline__ void cek_load_slices(CekChunk<T> (&a)[N], CekChunk<T> (&b)[N],
+                                                const T* __restrict__ x1,
+                                                const T* __restrict__ x2,
+                                                const CekSliceOf<T> (&at)[N],
+                                                const int (&width)[N], bool vec) {
+    if (vec) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            a[i] = cek_load_chunk(x1 + at[i].first, threadIdx.x, width[i], true);
+            b[i] = cek_load_chunk(x2 + at[i].first, threadIdx.x, width[i], true);
+        }
+        return;
+    }
+    CEK_RARE_PATH();  // a misaligned view
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        a[i] = cek_load_chunk(x1 + at[i].first, threadIdx.x, width[i], false);
+        b[i] = cek_load_chunk(x2 + at[i].first, threadIdx.x, width[i], false);
+    }
+}
+
 template <int BLOCK_SIZE, typename T = float>
 __device__ void cosine_embedding_loss_split_sums(const T* __restrict__ x1,
                                                  const T* __restrict__ x2,
@@ -146,20 +170,7 @@ __device__ void cosine_embedding_loss_split_sums(const T* __restrict__ x1,
     // Every slice's loads go out before the first is summed: one load round for all of them.
     // The alignment test is made once for all of them, as in cek_load_pairs.
     CekChunk<T> a[PER_BLOCK], b[PER_BLOCK];
-    if (vec) {
-#pragma unroll
-        for (int i = 0; i < PER_BLOCK; ++i) {
-            a[i] = cek_load_chunk(x1 + at[i].first, threadIdx.x, width[i], true);
-            b[i] = cek_load_chunk(x2 + at[i].first, threadIdx.x, width[i], true);
-        }
-    } else {
-        CEK_RARE_PATH();  // a misaligned view
-#pragma unroll
-        for (int i = 0; i < PER_BLOCK; ++i) {
-            a[i] = cek_load_chunk(x1 + at[i].first, threadIdx.x, width[i], false);
-            b[i] = cek_load_chunk(x2 + at[i].first, threadIdx.x, width[i], false);
-        }
-    }
+    cek_load_slices(a, b, x1, x2, at, width, vec);
 #pragma unroll
     for (int i = 0; i < PER_BLOCK; ++i) {
         if (first + i >= total) break;  // uniform

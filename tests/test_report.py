@@ -945,3 +945,45 @@ def test_documented_example_matches_the_report():
     shown = {name: str(value) for name, value in report.table_rows([row])[0].items()}
     assert cells(header) == list(shown)
     assert dict(zip(cells(header), cells(documented))) == shown
+
+
+# -- a disassembler that fails or does not finish ------------------------------------------------
+
+
+def _tool(tmp_path, body: str) -> str:
+    tool = tmp_path / "nvdisasm"
+    tool.write_text(f"#!/bin/sh\n{body}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_a_disassembler_that_does_not_finish_is_stopped_and_named(tmp_path, monkeypatch):
+    # NVRTC 12.0's sm_90 cubin of split-sums once made nvdisasm 13.5 -gi grow to 16 GB.
+    monkeypatch.setattr(sass, "DISASSEMBLE_SECONDS", 1)
+    tool = _tool(tmp_path, "sleep 30")
+    with pytest.raises(sass.NvdisasmFailed, match=r"did not finish in 1 s"):
+        sass.disassemble(b"\0", tool)
+
+
+def test_a_disassembler_that_fails_says_what_it_said(tmp_path):
+    tool = _tool(tmp_path, "echo 'bad cubin' >&2; exit 3")
+    with pytest.raises(sass.NvdisasmFailed, match=r"failed \(3\): bad cubin"):
+        sass.disassemble(b"\0", tool)
+
+
+def test_the_disassembler_runs_with_its_address_space_capped(tmp_path, monkeypatch):
+    monkeypatch.setattr(sass, "DISASSEMBLE_BYTES", 1 << 30)
+    tool = _tool(tmp_path, "ulimit -v")
+    assert sass.disassemble(b"\0", tool).strip() == str((1 << 30) // 1024)
+
+
+def test_the_report_turns_a_failed_disassembler_into_an_error_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sass, "find_nvdisasm", lambda: _tool(tmp_path, "exit 7"))
+    report._compiled.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["compile", "--report", "--kernel", "forward",
+                                           "--n-dim", "64", "--n-rows", "8"])
+    finally:
+        report._compiled.cache_clear()
+    assert result.exit_code == 1, result.output
+    assert "failed (7)" in result.output and "Traceback" not in result.output
