@@ -251,7 +251,8 @@ dtype_option = click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="
 block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
 
 
-@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+# "--help" first: click before 8.3 names the first in "Try ... for help", later ones the longest.
+@click.group(cls=Cli, context_settings={"help_option_names": ["--help", "-h"]})
 @click.version_option(cek.__version__, prog_name="cek")
 def main() -> None:
     """Cosine embedding loss kernels for NVIDIA GPUs: see, compile, check, benchmark.

@@ -663,7 +663,12 @@ def test_check_refuses_bad_values_before_saying_anything_about_devices(run, monk
 
 
 def test_bench_without_a_gpu_says_why(run, monkeypatch):
+    from cek import gpu
+
     _no_device_here(monkeypatch)
+    # CuPy present but no device (the case without CuPy is the test below), whether or not this
+    # environment has CuPy.
+    monkeypatch.setattr(gpu, "cupy_or_none", lambda: object())
     result = run("bench", "--n-dim", "768")
     assert result.exit_code == 1
     assert result.stderr == (
