@@ -304,9 +304,7 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
     launches = []
 
     def launch(k, args):
-        sms = {"sms": gpu.multiprocessors(cp.cuda.Device().id)} if getattr(
-            k, "wave_grid", False) else {}
-        launches.append(_checked_launch(cp, k, k.launch_config(n, d, **sms), args))
+        launches.append(_checked_launch(cp, k, gpu.launch_config(k, n, d), args))
 
     # the split's partial sums first, for a pair's second kernel; the fused kernel with what
     # cek.torch's step asks of it: the per-row losses and the labels' copy, no loss_out

@@ -319,8 +319,8 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
     r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
     dtype, rounded to x1's type: upstream_in). dest: buffers ([N] accumulation dtype, [N, D],
-    [N, D] of x1's dtype) to write into, None entries allocated here. Returns (loss [N] or None, dx1 or None, dx2 or None);
-    for reduction "mean" or "sum" the loss is a 0-d array of x1's dtype, reduced from the
+    [N, D] of x1's dtype) to write into, None entries allocated here. Returns (loss [N] or
+    None, dx1 or None, dx2 or None); for reduction "mean" or "sum" the loss is a 0-d array of x1's dtype, reduced from the
     per-row losses (written into dest[0] where one is given).
     """
     cupy = gpu.require_cupy()

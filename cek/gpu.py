@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cek.compile import LOADER_OPTIONS, CompileError
+from cek.compile import LOADER_OPTIONS, CompileError, nvrtc_wheel
 from cek.kernel import Kernel
 
 NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
@@ -150,8 +150,7 @@ def is_loaded(kernel: Kernel, device_id: int, options: Sequence[str] = LOADER_OP
 def _cupy_nvrtc(cupy) -> tuple:
     """(version, upgrade command) of the NVRTC CuPy compiles with, for CompileError."""
     major, minor = cupy.cuda.nvrtc.getVersion()
-    wheel = "nvidia-cuda-nvrtc-cu12" if major == 12 else "nvidia-cuda-nvrtc"
-    return (major, minor), f"pip install -U {wheel} (the NVRTC CuPy loads)"
+    return (major, minor), f"pip install -U {nvrtc_wheel(major)} (the NVRTC CuPy loads)"
 
 
 def raw_args(kernel: Kernel, cast: Sequence[Any]) -> tuple:
@@ -193,17 +192,24 @@ def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream
              stream=stream)
 
 
-def launch(kernel: Kernel, *args, stream=None) -> None:
+def launch(kernel: Kernel, *args, stream=None) -> tuple:
     """Check `args`, take the kernel's own launch configuration, and launch on `stream`
     (default: CuPy's current stream; any object with CuPy's `ptr` of a stream will do). A
     kernel with a wave grid (kernel.WaveGrid: the keep kernels) gets the grid of one wave of
-    the current device."""
+    the current device. Returns the (grid, block, shared_mem) it launched with."""
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))
-    problem = kernel.problem_size(cast)
-    sms = multiprocessors(cupy.cuda.Device().id) if getattr(kernel, "wave_grid", False) else None
-    grid, block, shared_mem = _launch_config(kernel, *problem, sms=sms)
+    grid, block, shared_mem = launch_config(kernel, *kernel.problem_size(cast))
     _launch_checked(cupy, kernel, LOADER_OPTIONS, grid, block, cast, shared_mem, stream)
+    return grid, block, shared_mem
+
+
+def launch_config(kernel: Kernel, *problem) -> tuple:
+    """kernel.launch_config for `problem` on the current device: a wave grid (the keep kernels)
+    is one wave of its multiprocessors."""
+    if not getattr(kernel, "wave_grid", False):
+        return _launch_config(kernel, *problem)
+    return _launch_config(kernel, *problem, sms=multiprocessors(require_cupy().cuda.Device().id))
 
 
 @functools.lru_cache(maxsize=1024)

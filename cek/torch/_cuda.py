@@ -166,12 +166,8 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
         views = iter(_views(cupy, kernel, tensors))
         sizes = {"n_rows": n, "n_dim": d, **scalars}
         args = [next(views) if name is None else sizes[name] for name in names]
-        gpu.launch(kernel, *args, stream=stream)
+        config = gpu.launch(kernel, *args, stream=stream)
         function = gpu.get_function(kernel)  # this device's, as the launch just used
-        checked = kernel.check_args(args, (cupy.ndarray,))
-        wave = getattr(kernel, "wave_grid", False)
-        sms = {"sms": gpu.multiprocessors(device.index)} if wave else {}
-        config = kernel.launch_config(*kernel.problem_size(checked), **sms)
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
     _plans[key] = _Plan(kernel, args, function, config)
