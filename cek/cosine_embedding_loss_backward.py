@@ -71,6 +71,7 @@ class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows)
         above what Little's law asks (tests/test_static_targets.py)."""
         three_quarters = max(1, SM_THREADS * 3 // 4 // self.max_threads)
         return min(super().min_blocks, three_quarters)
+
     launch_contract = ("the backward-rows kernel's block; grid [G, 1, 1] with 1 <= G <= U, "
                        "the backward-rows kernel's grid (cek's launchers: min(U, min_blocks * "
                        "SMs)), block b taking its units (rows, or row groups) [b*U/G, "

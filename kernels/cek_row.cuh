@@ -698,10 +698,10 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_load_block_row(
 // thread holds the same sums.
 //
 // loaded() runs once the row's loads are issued and before any loaded value is used (on the
-// streamed path, once the row's first pass is summed): for work that waits on something
-// loaded with them,
-// such as the fused kernel's copy of the label, which placed anywhere else held a register
-// through the row's work or made the thread wait before issuing the row's loads.
+// streamed path, once the row's first pass is summed): for work that waits on something loaded
+// with them, such as the fused kernel's copy of the label, which placed anywhere else held a
+// register through the row's work or made the thread wait before issuing the row's loads.
+//
 struct CekNothing {
     __device__ __forceinline__ void operator()() const {}
 };

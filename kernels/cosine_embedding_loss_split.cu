@@ -168,7 +168,6 @@ __device__ void cosine_embedding_loss_split_sums(const T* __restrict__ x1,
         width[i] = first + i < total ? at[i].n : 0;
     }
     // Every slice's loads go out before the first is summed: one load round for all of them.
-    // The alignment test is made once for all of them, as in cek_load_pairs.
     CekChunk<T> a[PER_BLOCK], b[PER_BLOCK];
     cek_load_slices(a, b, x1, x2, at, width, vec);
 #pragma unroll
