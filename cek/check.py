@@ -76,9 +76,16 @@ def make_inputs(n_rows: int, n_dim: int, seed: int = 0, zero_row: bool = True,
             "dy": dy, "dy_stride": 1, "scale": 1.0, "dtype": dtype}
 
 
-def upstream(inputs: dict, n_rows: int) -> np.ndarray:
+UPSTREAM_FORM = ("dy_stride", "scale")  # how the variants read dy, beside dy itself
+
+
+def upstream(inputs: dict, n_rows: int, kernel: Kernel | None = None) -> np.ndarray:
     """The float64 upstream gradient of each row the gradient kernels read from `inputs`:
-    scale * dy[r * dy_stride], or scale without dy."""
+    scale * dy[r * dy_stride], or scale without dy. A `kernel` without those two arguments (the
+    backward kernel's documented contract) reads dy one a row, unscaled, whatever `inputs` say."""
+    if kernel is not None:
+        taken = {spec.name for spec in kernel.args}
+        inputs = {k: v for k, v in inputs.items() if k in taken or k not in UPSTREAM_FORM}
     dy, scale = inputs.get("dy"), inputs.get("scale", 1.0)
     if dy is None:
         return np.full(n_rows, float(scale))
@@ -98,7 +105,7 @@ def expected(kernel: Kernel, inputs: dict, margin: float) -> tuple[dict, dict]:
     loss = reference.forward(x1, x2, y, margin)
     if kernel.kind == "forward":
         return {"out": loss}, {"out": np.ones_like(loss)}
-    dy = upstream(inputs, len(y))  # scale * dy[r * dy_stride], or scale without dy
+    dy = upstream(inputs, len(y), kernel)
     dx1, dx2 = reference.backward(dy, x1, x2, y, margin)
     m1, m2 = reference.gradient_magnitudes(dy, x1, x2, y, margin)
     want, size = {"dx1": dx1, "dx2": dx2}, {"dx1": m1, "dx2": m2}

@@ -16,24 +16,29 @@ def upstream(optional: bool) -> tuple[Arg, ...]:
             Arg("scale", "A"))
 
 
+# What every backward kernel takes after its upstream gradient.
+ROWS_AND_GRADIENTS = (
+    Arg("x1", "T*", MATRIX),
+    Arg("x2", "T*", MATRIX),
+    Arg("y", "A*", ROW),
+    Arg("dx1", "T*", MATRIX, output=True),
+    Arg("dx2", "T*", MATRIX, output=True),
+    Arg("n_rows", "int"),
+    Arg("n_dim", "int"),
+    Arg("margin", "A"),
+)
+
+
 class CosineEmbeddingLossBackward(Kernel):
-    """dx1, dx2 of the per-row cosine embedding loss for the upstream gradient of row r,
-    scale * dy[r * dy_stride] (upstream)."""
+    """dx1, dx2 of the per-row cosine embedding loss for the upstream gradient dy [n_rows], one
+    value a row. Its launch tuple is the documented contract and never changes: (dy, x1, x2, y,
+    dx1, dx2, n_rows, n_dim, margin); cek's launchers run the _rows and _keep variants, which
+    read the upstream gradient in place with a stride and a scale."""
 
     name = "cosine_embedding_loss_backward"
     short_name = "backward"
     kind = "backward"
-    args = (
-        *upstream(optional=False),
-        Arg("x1", "T*", MATRIX),
-        Arg("x2", "T*", MATRIX),
-        Arg("y", "A*", ROW),
-        Arg("dx1", "T*", MATRIX, output=True),
-        Arg("dx2", "T*", MATRIX, output=True),
-        Arg("n_rows", "int"),
-        Arg("n_dim", "int"),
-        Arg("margin", "A"),
-    )
+    args = (Arg("dy", "T*", ROW), *ROWS_AND_GRADIENTS)
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         # Header of the .cu: x1, x2 read and dx1, dx2 written once (a streamed row read
@@ -44,12 +49,15 @@ class CosineEmbeddingLossBackward(Kernel):
 
 class CosineEmbeddingLossBackwardRows(RowGroups, CosineEmbeddingLossBackward):
     """The backward kernel with several rows per block where rows are narrow (float: n_dim <=
-    256); the same arguments and results. Faster there, but its grid is not [n_rows, 1, 1]."""
+    256), and the upstream gradient of row r read in place: scale * dy[r * dy_stride]
+    (upstream), so a mean's or a sum's 0-d gradient needs no expanded copy. With dy_stride 1 and
+    scale 1, the backward kernel's results; its grid is not [n_rows, 1, 1] for narrow rows."""
 
     name = "cosine_embedding_loss_backward_rows"
     short_name = "backward-rows"
     source_file = "cosine_embedding_loss_backward.cu"
     twin = CosineEmbeddingLossBackward
+    args = (*upstream(optional=False), *ROWS_AND_GRADIENTS)
 
 
 class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows):

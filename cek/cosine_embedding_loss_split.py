@@ -13,8 +13,8 @@ one-block-per-row kernel; it and the slices depend on N and D alone, so the bits
 from __future__ import annotations
 
 from cek import dtypes, split_model
-from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackward,
-                                                CosineEmbeddingLossBackwardKeep)
+from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackwardKeep,
+                                                CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.kernel import Arg, Kernel, WaveGrid, _is_int, register_path_width
 
@@ -252,13 +252,14 @@ class _Gradients(_Second):
 
 
 class CosineEmbeddingLossSplitBackward(_Gradients, Kernel):
-    """dx1, dx2 for dy [n_rows] from the partials and a second read of each slice: the
-    arguments of CosineEmbeddingLossBackward, the partials after y."""
+    """dx1, dx2 for the upstream gradient scale * dy[r * dy_stride] from the partials and a
+    second read of each slice: the arguments of CosineEmbeddingLossBackwardRows, the partials
+    after y."""
 
     name = "cosine_embedding_loss_split_backward"
     short_name = "backward-split"
     kind = "backward"
-    args = _with_sums(CosineEmbeddingLossBackward.args, after="y")
+    args = _with_sums(CosineEmbeddingLossBackwardRows.args, after="y")
 
 
 class CosineEmbeddingLossSplitBackwardKeep(WaveGrid, CosineEmbeddingLossSplitBackward):

@@ -468,7 +468,10 @@ class RowGroups:
 
     @property
     def runs_twin_code(self) -> bool:
-        """True for a variant whose rows are too wide for row groups: it calls its twin."""
+        """True for a variant whose rows are too wide for row groups: it runs its twin's device
+        code (backward-rows with the upstream gradient's stride and scale as arguments, where
+        the backward kernel has them as constants; tests/test_nvrtc.py compiles every class at
+        each code path's width)."""
         return self.twin is not None and not self.grouped
 
     @property
@@ -561,7 +564,9 @@ def c_scalar(c_type: type, value) -> Any:
     """`value` as the kernel's C type (a NumPy scalar type). A finite float beyond float32's
     range becomes an infinity of its sign, as the kernel's float arithmetic would make it,
     without NumPy's overflow warning (an exception under `-W error`)."""
-    if c_type is np.float32 and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+    # Compared as a Python float: a NumPy float16 scalar would cast the bound to float16 (an
+    # infinity, with the same warning) before comparing.
+    if c_type is np.float32 and not -_FLOAT_MAX <= float(value) <= _FLOAT_MAX:
         with np.errstate(over="ignore"):
             return c_type(value)
     return c_type(value)

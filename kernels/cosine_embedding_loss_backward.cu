@@ -1,13 +1,12 @@
 // cosine_embedding_loss_backward: gradient of the per-row cosine embedding loss.
 //
+// Arguments: (dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin), the documented contract, fixed.
 // Math, per row r of x1, x2 [n_rows, n_dim] (C-contiguous, T = float, double, cek_f16 or cek_bf16;
-// sums and gradients in Acc = double for double, float otherwise; y, scale, margin are Acc):
+// sums and gradients in Acc = double for double, float otherwise; y, margin are Acc):
 //   sq1 = sum x1^2,  sq2 = sum x2^2,  dot = sum x1*x2
 //   r1 = 1/sqrt(sq1 + EPS),  r2 = 1/sqrt(sq2 + EPS),  EPS = 1e-12,  c = dot*r1*r2
 //   dc/dx1[k] = (x2[k]*r2 - c*x1[k]*r1)*r1,   dc/dx2[k] = (x1[k]*r1 - c*x2[k]*r2)*r2
-//   g = scale * (dy ? dy[r * dy_stride] : 1)   the upstream gradient: dy of type T, one a row
-//                                              (dy_stride 1) or one for every row (dy_stride 0:
-//                                              a mean's 0-d gradient, scale = 1/n_rows)
+//   g = dy[r]                                  the upstream gradient, of type T, one a row
 //   coeff = -g if y[r] == 1;  g if y[r] == -1 and c > margin;  0 otherwise
 //   dx1 = coeff*dc/dx1,  dx2 = coeff*dc/dx2   (every element written, zeros included)
 // (cek_store_row_gradients expands these to save multiplies.)
@@ -20,15 +19,18 @@
 // and 16-bit types (CekTiling::TAILED); above, 1024 threads stream the row (cek_row.cuh).
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus y and
-// dy: 4*S*N*D + A*N + S*N (16*N*D + 8*N in float; dy_stride 0 or no dy: S or 0 for dy). A
+// dy: 4*S*N*D + A*N + S*N (16*N*D + 8*N in float; the variants' dy_stride 0: S for dy). A
 // streamed row is read twice: 6*S*N*D. These count ordinary rows: a row with a squared norm of
 // 2^64 or more in float (2^512 in double) is summed again rescaled and read again (cek_row.cuh,
 // "Huge rows").
 //
-// cosine_embedding_loss_backward_rows: the same arguments and results, with the fused kernel's
-// launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256) in row groups,
-// 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
-// [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
+// cosine_embedding_loss_backward_rows: cek's own backward, with the upstream gradient in place:
+// arguments (dy, dy_stride, scale, x1, x2, y, dx1, dx2, n_rows, n_dim, margin) and
+//   g = scale * dy[r * dy_stride]   dy_stride 1: one a row; 0: one for every row (a mean's or a
+//                                   sum's 0-d gradient, read in place; scale = 1/n_rows, or 1)
+// (scale Acc), and the fused kernel's launch contract: rows of up to 64 chunks and 256 elements
+// (float: n_dim <= 256) in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per
+// row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
 // narrow rows: one block per row gives a 128-float row a one-warp block (cek_row.cuh).
 //
 // cosine_embedding_loss_backward_keep: the _rows variant's arguments and results, for dx1 and dx2
@@ -91,18 +93,32 @@ __device__ __forceinline__ void cek_backward_group_row(int row, bool live, G g, 
                             cek_gradient(r.k, coeff));
 }
 
-template <int BLOCK_SIZE, typename T = float>
-__device__ void cosine_embedding_loss_backward(const T* __restrict__ dy, int dy_stride,
-                                               CekAcc<T> scale, const T* __restrict__ x1,
-                                               const T* __restrict__ x2,
-                                               const CekAcc<T>* __restrict__ y,
-                                               T* __restrict__ dx1, T* __restrict__ dx2,
-                                               int n_rows, int n_dim, CekAcc<T> margin) {
+// One block per row, the upstream gradient scale * dy[row * dy_stride]: the seed's kernel
+// (dy_stride 1, scale 1) and the _rows variant's rows too wide for row groups.
+template <int BLOCK_SIZE, typename T>
+__device__ __forceinline__ void cek_backward_block(const T* __restrict__ dy, int dy_stride,
+                                                   CekAcc<T> scale, const T* __restrict__ x1,
+                                                   const T* __restrict__ x2,
+                                                   const CekAcc<T>* __restrict__ y,
+                                                   T* __restrict__ dx1, T* __restrict__ dx2,
+                                                   int n_rows, int n_dim, CekAcc<T> margin) {
     const int row = blockIdx.x;
     if (row >= n_rows) return;  // uniform over the block: no barrier is skipped by part of it
     cek_backward_row<BLOCK_SIZE, T>(
         row, [&] { return cek_upstream(dy, dy_stride, row); }, scale, x1, x2, y, dx1, dx2, n_dim,
         margin);
+}
+
+// The documented launch contract: dy one value a row (T), grid [n_rows, 1, 1].
+template <int BLOCK_SIZE, typename T = float>
+__device__ void cosine_embedding_loss_backward(const T* __restrict__ dy,
+                                               const T* __restrict__ x1,
+                                               const T* __restrict__ x2,
+                                               const CekAcc<T>* __restrict__ y,
+                                               T* __restrict__ dx1, T* __restrict__ dx2,
+                                               int n_rows, int n_dim, CekAcc<T> margin) {
+    cek_backward_block<BLOCK_SIZE, T>(dy, 1, CekAcc<T>(1), x1, x2, y, dx1, dx2, n_rows, n_dim,
+                                      margin);
 }
 
 template <int BLOCK_SIZE, typename T = float>
@@ -114,22 +130,26 @@ __device__ void cosine_embedding_loss_backward_rows(const T* __restrict__ dy, in
                                                     int n_rows, int n_dim, CekAcc<T> margin) {
     using Tiling = CekTiling<BLOCK_SIZE, T>;
     if constexpr (Tiling::GROUPED) {
+        // Below 2^31: the grid's rows, ceil(n_rows / R) * R for R a power of two, are at most
+        // 2^31 for n_rows < 2^31.
         const int row = blockIdx.x * (blockDim.x / Tiling::GROUP) + threadIdx.x / Tiling::GROUP;
         const bool live = row < n_rows;
         const T g = live ? cek_upstream(dy, dy_stride, row) : T{};
         cek_backward_group_row<BLOCK_SIZE, T>(row, live, g, scale, x1, x2, y, dx1, dx2, n_dim,
                                               margin);
     } else {
-        cosine_embedding_loss_backward<BLOCK_SIZE, T>(dy, dy_stride, scale, x1, x2, y, dx1, dx2,
-                                                      n_rows, n_dim, margin);
+        cek_backward_block<BLOCK_SIZE, T>(dy, dy_stride, scale, x1, x2, y, dx1, dx2, n_rows,
+                                          n_dim, margin);
     }
 }
 
-// The keep kernel's upstream gradient of `row`, widened: 1 (kept) past `last`.
+// The keep kernel's upstream gradient of row trip + k, widened: 1 (kept) from k = left on, the
+// rows past the block's last. Counted from trip, so that no row index past the last is formed:
+// near n_rows = 2^31 it would not fit an int.
 template <typename T>
 __device__ __forceinline__ CekAcc<T> cek_keep_upstream(const T* __restrict__ dy, int dy_stride,
-                                                       int row, int last) {
-    return row < last ? cek_widen(cek_upstream(dy, dy_stride, row)) : CekAcc<T>(1);
+                                                       int trip, int k, int left) {
+    return k < left ? cek_widen(cek_upstream(dy, dy_stride, trip + k)) : CekAcc<T>(1);
 }
 
 // The loop's own state is a few values (and a row group's one held dy) beside a row's work,
@@ -150,7 +170,7 @@ __device__ void cosine_embedding_loss_backward_keep(const T* __restrict__ dy, in
     // Block b takes an even share of the units (a row, or a row group's GROUPS rows): with a
     // block a unit (the widest grid), the rows backward-rows's block b takes.
     constexpr int UNIT = Tiling::GROUPED ? Tiling::GROUPED_THREADS / Tiling::GROUP : 1;
-    const long long units = (n_rows + UNIT - 1) / UNIT;
+    const long long units = (n_rows + (UNIT - 1LL)) / UNIT;  // n_rows + UNIT - 1 may pass 2^31
     const int first = static_cast<int>(blockIdx.x * units / gridDim.x * UNIT);
     const long long end = (blockIdx.x + 1LL) * units / gridDim.x * UNIT;
     const int last = end < n_rows ? static_cast<int>(end) : n_rows;
@@ -158,26 +178,33 @@ __device__ void cosine_embedding_loss_backward_keep(const T* __restrict__ dy, in
         // One gradient for every row (a mean's or a sum's), the fused kernel's: nothing to do.
         // Read before the trips (a round of its own): tested inside them, as one block a row
         // does, the check cost a row-group thread a register (8 bytes spilled at 32 at D = 33).
-        if (dy_stride == 0 && cek_keep_upstream(dy, 0, 0, 1) == Acc(1)) return;
+        if (dy_stride == 0 && cek_keep_upstream(dy, 0, 0, 0, 1) == Acc(1)) return;
         // Group g of the block takes rows first + g, first + g + GROUPS, ...: a trip of GROUP
         // of them, lane l holding the dy of the l-th (all of a trip's dy loads in flight
-        // together, coalesced), read by the group with a shuffle.
+        // together, coalesced), read by the group with a shuffle. Rows are counted from the
+        // trip's first (k < left), and the loop ends before a step past the last: trip + STEP
+        // and trip + k past `last` overflow an int where n_rows is within STEP of 2^31.
         constexpr int GROUP = Tiling::GROUP, GROUPS = Tiling::GROUPED_THREADS / GROUP;
+        constexpr int STEP = GROUP * GROUPS;
         const int group = threadIdx.x / GROUP, lane = threadIdx.x % GROUP;
-        for (int trip = first; trip < last; trip += GROUP * GROUPS) {  // uniform
-            const Acc held = cek_keep_upstream(dy, dy_stride, trip + group + lane * GROUPS, last);
+        for (int trip = first; trip < last; trip += STEP) {  // uniform
+            const int left = last - trip;
+            const Acc held = cek_keep_upstream(dy, dy_stride, trip, group + lane * GROUPS, left);
             for (int i = 0; i < GROUP; ++i) {  // every lane of the warp, for the shuffles
-                const int row = trip + group + i * GROUPS;
+                const int k = group + i * GROUPS;
+                const bool in = k < left;
                 const Acc g = __shfl_sync(0xffffffffu, held, i, GROUP);
-                cek_backward_group_row<BLOCK_SIZE, T>(row, row < last && !(g == Acc(1)), g,
-                                                      scale, x1, x2, y, dx1, dx2, n_dim, margin);
+                cek_backward_group_row<BLOCK_SIZE, T>(in ? trip + k : trip, in && !(g == Acc(1)),
+                                                      g, scale, x1, x2, y, dx1, dx2, n_dim,
+                                                      margin);
             }
+            if (left <= STEP) break;
         }
     } else {
         // A row after another, its dy first: every thread loads the same value (a broadcast,
         // from L1 but for the first row of each 128-byte line), so the branch is uniform.
         for (int row = first; row < last; ++row) {  // uniform
-            const Acc g = cek_keep_upstream(dy, dy_stride, row, last);
+            const Acc g = cek_widen(cek_upstream(dy, dy_stride, row));
             if (g == Acc(1)) {  // kept
                 if (dy_stride == 0) return;  // one gradient for every row, the fused kernel's
                 continue;

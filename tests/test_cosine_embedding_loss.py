@@ -50,6 +50,13 @@ def _inputs(kernel_cls, n_rows, n_dim, seed=0, dtype="f32"):
         inputs["dy"], inputs["scale"] = None, 1.0 / n_rows  # the mean: no dy array
     elif kernel_cls.name.endswith("_fused"):
         inputs["scale"] = 0.5
+    elif "dy_stride" in {a.name for a in kernel_cls.args}:  # backward-rows and -keep
+        # as cek's launchers run them: a mean's 0-d gradient read for every row, or one a row
+        # scaled
+        if seed % 2:
+            inputs.update(dy=inputs["dy"][:1].reshape(()), dy_stride=0, scale=1.0 / n_rows)
+        else:
+            inputs["scale"] = 0.5
     return inputs
 
 
@@ -391,7 +398,7 @@ def test_rows_up_to_the_largest_finite_values_give_the_formulas_results(emulator
     assert np.isfinite(x1).all() and np.isfinite(x2).all()
     args, outputs = check.build_args(kernel, inputs, -0.5)
     emulator["random:1"](kernel, args)
-    dy = check.upstream(inputs, len(inputs["y"]))  # scale * dy, in every gradient kernel
+    dy = check.upstream(inputs, len(inputs["y"]), kernel)  # scale * dy where the kernel takes it
     loss, dx1, dx2, m1, m2 = reference_on_scaled_copies(x1, x2, inputs["y"], dy, -0.5)
     if kernel.kind == "forward":
         got_loss = outputs["out"]

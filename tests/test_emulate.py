@@ -86,7 +86,7 @@ def run_backward(n_rows, n_dim, margin=0.1, **options):
     x1, x2, y, dy = make_inputs(n_rows, n_dim)
     dx1, dx2 = np.full_like(x1, np.nan), np.full_like(x1, np.nan)
     grid, block, smem = kernel.launch_config(n_rows, n_dim)
-    args = (dy, 1, 1.0, x1, x2, y, dx1, dx2, n_rows, n_dim, margin)  # dy a row, scale 1
+    args = (dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin)  # the documented nine
     emulate.load(kernel, **options)(grid, block, args, shared_mem=smem)
     return (x1, x2, y, dy), dx1, dx2
 

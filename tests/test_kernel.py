@@ -26,11 +26,12 @@ def test_documented_fields_of_backward():
     assert k.entry_point_name() == "cosine_embedding_loss_backward_entry_point"
     assert k.source == k.kernel_source + "\n\n" + k.entry_point_source
     assert k.cache_key() == hashlib.sha256(k.source.encode()).hexdigest()
-    assert [k.c_type(a) for a in k.args] == (["float*", "int", "float"] + ["float*"] * 5
-                                             + ["int", "int", "float"])
-    assert [a.name for a in k.args] == ["dy", "dy_stride", "scale", "x1", "x2", "y", "dx1", "dx2",
-                                        "n_rows", "n_dim", "margin"]
-    assert "cosine_embedding_loss_backward<1024>(dy, dy_stride, scale, x1" in k.entry_point_source
+    # the documented launch tuple: (*mut f32 x 6, i32, i32, f32)
+    assert [k.c_type(a) for a in k.args] == ["float*"] * 6 + ["int", "int", "float"]
+    assert [a.name for a in k.args] == ["dy", "x1", "x2", "y", "dx1", "dx2", "n_rows", "n_dim",
+                                        "margin"]
+    assert "cosine_embedding_loss_backward<1024>(dy, x1, x2, y, dx1, dx2, n_rows, n_dim, margin)" \
+        in k.entry_point_source
 
 
 @pytest.mark.parametrize("dtype, element, acc", [("f64", "double", "double"),
@@ -41,10 +42,10 @@ def test_other_dtypes_carry_their_types_into_id_and_entry_point(dtype, element, 
     assert k.id == f"cosine_embedding_loss_backward__{dtype}__1024"
     # dy in the element type (torch's gradient of a loss of that type), labels in the
     # accumulator's
-    assert [k.c_type(a) for a in k.args] == [f"{element}*", "int", acc, f"{element}*",
-                                             f"{element}*", f"{acc}*", f"{element}*",
-                                             f"{element}*", "int", "int", acc]
-    assert f"cosine_embedding_loss_backward<1024, {element}>(dy, dy_stride" in k.entry_point_source
+    assert [k.c_type(a) for a in k.args] == [f"{element}*", f"{element}*", f"{element}*",
+                                             f"{acc}*", f"{element}*", f"{element}*", "int",
+                                             "int", acc]
+    assert f"cosine_embedding_loss_backward<1024, {element}>(dy, x1, x2" in k.entry_point_source
     assert k.kernel_source == cek.CosineEmbeddingLossBackward(1024).kernel_source
     assert k.cache_key() != cek.CosineEmbeddingLossBackward(1024).cache_key()
 
@@ -200,7 +201,14 @@ def test_rows_variants_share_their_twins_template_file_and_arguments():
     for rows, twin in ((cek.CosineEmbeddingLossBackwardRows, cek.CosineEmbeddingLossBackward),
                        (cek.CosineEmbeddingLossForwardRows, cek.CosineEmbeddingLossForward)):
         assert rows.twin is twin
-        assert rows.args == twin.args
+        # backward-rows: the twin's arguments with the upstream gradient read in place, its
+        # stride and scale after dy
+        names = [a.name for a in twin.args]
+        if rows is cek.CosineEmbeddingLossBackwardRows:
+            names[1:1] = ["dy_stride", "scale"]
+        assert [a.name for a in rows.args] == names
+        assert {a.name: a.ctype for a in rows.args}.items() >= {a.name: a.ctype
+                                                                for a in twin.args}.items()
         assert rows(64).kernel_source == twin(64).kernel_source
         assert rows(64).id == twin.name + "_rows__f32__64"
         assert rows(64).bytes_moved(10, 64) == twin(64).bytes_moved(10, 64)
@@ -221,12 +229,14 @@ def test_launch_with_the_wrong_block_size_names_both_numbers():
 
 
 def _backward_args(n=3, d=5):
+    """Arguments of the backward-rows kernel, cek's backward with the upstream gradient's stride
+    and scale (the backward kernel's own are the documented nine: tests/test_seed_contract.py)."""
     f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     return [f(n), 1, 1.0, f(n, d), f(n, d), f(n), f(n, d), f(n, d), n, d, 0.5]
 
 
 def test_check_args_casts_scalars_to_their_c_types():
-    cast = cek.CosineEmbeddingLossBackward(8).check_args(_backward_args(), (np.ndarray,))
+    cast = cek.CosineEmbeddingLossBackwardRows(8).check_args(_backward_args(), (np.ndarray,))
     assert type(cast[1]) is np.int32 and type(cast[8]) is np.int32 and type(cast[9]) is np.int32
     assert type(cast[2]) is np.float32 and type(cast[10]) is np.float32
 
@@ -241,15 +251,32 @@ def test_a_finite_float_beyond_float32_becomes_its_infinity_without_a_warning(ma
     args[10] = margin
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cast = cek.CosineEmbeddingLossBackward(8).check_args(args, (np.ndarray,))
+        cast = cek.CosineEmbeddingLossBackwardRows(8).check_args(args, (np.ndarray,))
     assert cast[10] == np.float32(np.inf) * np.sign(margin)
+
+
+@pytest.mark.parametrize("value", [np.float16(0.5), np.float16(-65504.0), np.float16("nan"),
+                                   np.float64(1e39), np.int8(3)])
+def test_a_numpy_scalar_of_any_width_casts_without_a_warning(value):
+    """A float16 scalar for margin or scale: its range check compared the bound cast to float16
+    (an infinity), and NumPy warned "overflow encountered in cast", an error under -W error."""
+    import warnings
+
+    args = _backward_args()
+    args[2] = args[10] = value  # scale and margin
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cast = cek.CosineEmbeddingLossBackwardRows(8).check_args(args, (np.ndarray,))
+    want = np.float32(np.inf) if value == np.float64(1e39) else np.float32(value)
+    assert type(cast[2]) is np.float32
+    np.testing.assert_array_equal([cast[2], cast[10]], [want, want])
 
 
 def test_bf16_arrays_are_uint16_bits():
     args = _backward_args()
     for i in (0, 3, 4, 6, 7):  # dy as well: the upstream gradient comes in the element type
         args[i] = np.zeros(args[i].shape, np.uint16)
-    kernel = cek.CosineEmbeddingLossBackward(8, "bf16")
+    kernel = cek.CosineEmbeddingLossBackwardRows(8, "bf16")
     assert kernel.check_args(args, (np.ndarray,))[3].dtype == np.uint16
     args[3] = np.zeros((3, 5), np.float16)
     with pytest.raises(TypeError, match=r"x1 must be uint16 \(bfloat16 bits\), got float16"):
@@ -272,7 +299,7 @@ def test_check_args_refuses_bad_arguments(index, value, error, message):
     args = _backward_args()
     args[index] = value
     with pytest.raises(error, match=message):
-        cek.CosineEmbeddingLossBackward(8).check_args(args, (np.ndarray,))
+        cek.CosineEmbeddingLossBackwardRows(8).check_args(args, (np.ndarray,))
 
 
 @pytest.mark.parametrize("dy, stride, error", [
@@ -287,7 +314,7 @@ def test_check_args_refuses_bad_arguments(index, value, error, message):
 def test_dy_is_one_a_row_or_one_for_every_row(dy, stride, error):
     args = _backward_args()
     args[0], args[1] = dy, stride
-    kernel = cek.CosineEmbeddingLossBackward(8)
+    kernel = cek.CosineEmbeddingLossBackwardRows(8)
     if error is None:
         assert kernel.check_args(args, (np.ndarray,))[1] == stride
     else:
@@ -297,7 +324,7 @@ def test_dy_is_one_a_row_or_one_for_every_row(dy, stride, error):
 
 def test_check_args_counts_arguments():
     with pytest.raises(TypeError, match="takes 11 arguments, got 10"):
-        cek.CosineEmbeddingLossBackward(8).check_args(_backward_args()[:-1], (np.ndarray,))
+        cek.CosineEmbeddingLossBackwardRows(8).check_args(_backward_args()[:-1], (np.ndarray,))
 
 
 def test_only_optional_pointers_take_none():
