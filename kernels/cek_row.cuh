@@ -785,6 +785,8 @@ __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_at(int row, 
 template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row(int n_rows, int n_dim) {
     constexpr int GROUP = CekTiling<BLOCK_SIZE, T>::GROUP;
+    // Below 2^31: the grid's rows, ceil(n_rows / R) * R for R a power of two, are at most 2^31
+    // for n_rows < 2^31 (tests/test_large_offsets.py runs the last blocks at 2^31 - 100 rows).
     const int row = blockIdx.x * (blockDim.x / GROUP) + threadIdx.x / GROUP;
     return cek_group_row_at<BLOCK_SIZE, T>(row, row < n_rows, n_dim);
 }

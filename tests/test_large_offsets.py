@@ -137,6 +137,27 @@ def run_split_last_rows(name):
     return check.compare(outputs, want, size, kernel.dtype)[2]
 
 
+# Row indices at the top of int: n_rows within a row group's trip of 2^31 (the kernels take
+# n_rows below 2^31), rows of one element. A row index formed past the last row there does not
+# fit an int: the keep kernel's row-group loop stepped to trip + 256 past it.
+TOP_ROWS = 2**31 - 100
+
+
+def run_top_rows(name):
+    """Run the last 2 blocks of kernel `name` (float32, D = 1) at TOP_ROWS rows; the failures."""
+    kernel = kernel_classes()[name].for_n_dim(1)
+    rows = rows_per_block(kernel, 1)
+    grid, block, smem = kernel.launch_config(TOP_ROWS, 1)
+    first_row = (grid[0] - 2) * rows
+    assert TOP_ROWS - first_row <= 2 * rows  # a partial last block where a block holds several
+    inputs = check.make_inputs(TOP_ROWS - first_row, 1, seed=3)
+    inputs["scale"] = 0.5
+    args, outputs = last_rows_args(kernel, inputs, TOP_ROWS, first_row)
+    emulate.load(kernel)(grid, block, args, shared_mem=smem, first_block=grid[0] - 2)
+    want, size = check.expected(kernel, inputs, MARGIN)
+    return check.compare(outputs, want, size, kernel.dtype)[2]
+
+
 def _in_a_process(*argv):
     done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
                           timeout=TIMEOUT_S)
@@ -160,6 +181,12 @@ def test_rows_past_element_2_31(address_space, name, n_dim):
 def test_split_rows_past_element_2_31(address_space, name):
     emulate.load(kernel_classes()[name].for_dtype())
     _in_a_process("split", name)
+
+
+@pytest.mark.parametrize("name", ONE_BLOCK)
+def test_rows_at_the_top_of_int(address_space, name):
+    emulate.load(kernel_classes()[name].for_n_dim(1))
+    _in_a_process("top", name)
 
 
 # -- first_block itself ---------------------------------------------------------------------
@@ -229,6 +256,7 @@ def test_first_block_needs_the_plain_emulator():
 
 if __name__ == "__main__":  # one case of the tests past element 2^31, in its own process
     failures = (run_split_last_rows(sys.argv[2]) if sys.argv[1] == "split"
+                else run_top_rows(sys.argv[2]) if sys.argv[1] == "top"
                 else run_last_blocks(sys.argv[1], int(sys.argv[2])))
     print("\n".join(failures) or "ok")
     sys.exit(1 if failures else 0)
