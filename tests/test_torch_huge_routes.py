@@ -255,7 +255,9 @@ def _unscaled_loss(x1, x2, target, margin, reduction):
     a1, a2 = _composite._accumulate(x1, x2)
     c, _, _ = _unscaled_cosine(a1, a2)
     zero = torch.zeros((), dtype=c.dtype, device=c.device)
-    negative = torch.where(c <= margin, zero, c - margin)
+    # no gradient or tangent where c > margin is False (a NaN c or margin too), as torch's
+    excess = c - margin
+    negative = torch.where(c > margin, excess, torch.where(c <= margin, zero, excess.detach()))
     rows = torch.where(target == 1, 1 - c, torch.where(target == -1, negative, zero))
     if reduction == "mean":
         rows = rows.mean()

@@ -4,10 +4,11 @@ AD and vmap, and runnable on any device.
 It serves where the kernels cannot: the gradient of the gradient (`create_graph=True`),
 `torch.func` transforms and forward-mode AD, D = 0, a NaN or infinite margin, and devices other
 than CPU and CUDA. The semantics are cek.reference's: c = dot * r1 * r2 with
-r = 1/sqrt(|x|^2 + EPS), loss 1 - c for label 1, max(c - margin, 0) for label -1 (no gradient
-at c == margin), 0 for any other label; float16 and bfloat16 are computed in float32 and the
-result cast back. x1 and x2 may differ in dtype (as the ops, cek/torch/_ops.py): the loss is in
-their common dtype, each gradient in its own input's.
+r = 1/sqrt(|x|^2 + EPS), loss 1 - c for label 1, max(c - margin, 0) for label -1 (a gradient
+only where c > margin: none at c == margin, nor for a NaN c or margin, whose loss is NaN), 0 for
+any other label; float16 and bfloat16 are computed in float32 and the result cast back. x1 and
+x2 may differ in dtype (as the ops, cek/torch/_ops.py): the loss is in their common dtype, each
+gradient in its own input's.
 
 Huge rows, as the kernels take them (kernels/cek_row.cuh, "Huge rows"): a side whose squared
 norm reaches BIG, about the square root of the accumulation dtype's largest value (float32:
@@ -83,7 +84,11 @@ def loss(x1, x2, target, margin, reduction):
     a1, a2 = _accumulate(x1, x2)
     c, _, _ = cosine(a1, a2)
     zero = torch.zeros((), dtype=c.dtype, device=c.device)
-    negative = torch.where(c <= margin, zero, c - margin)  # a NaN c stays NaN
+    # The gradient passes only where c > margin, as the kernels' and torch's: a NaN c or a NaN
+    # margin compares False both ways and gives a NaN loss (c - margin) with no gradient.
+    excess = c - margin
+    negative = torch.where(c > margin, excess,
+                           torch.where(c <= margin, zero, excess.detach()))
     rows = torch.where(target == 1, 1 - c, torch.where(target == -1, negative, zero))
     if reduction == "mean":
         rows = rows.mean()
