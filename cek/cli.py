@@ -446,6 +446,10 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
             else:
                 kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
     _require_nvrtc()
+    try:  # an arch this NVRTC does not know is refused here, not by NVRTC at the first compile
+        compile_module.check_arch(arch)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--arch'") from exc
     if report:
         # the row width: --n-dim, else --block-size, else each kernel's BLOCK_SIZE
         # (--all-sizes), else 768

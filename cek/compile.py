@@ -40,6 +40,10 @@ CUPY_ADDED_AFTER_ARCH = ("--device-as-default-execution-space",)
 # The oldest NVRTC every kernel is compiled with in CI (.ci/nvrtc-matrix.txt): CuPy 14's oldest
 # CUDA 12. An older one gets the upgrade in its error message.
 OLDEST_TESTED_NVRTC = (12, 0)
+# The oldest arch cek compiles for: Volta, the oldest the compile tier holds every kernel to 0
+# spills on (NVRTC 12). NVRTC 12 knows older ones (sm_50 on), CUDA 12 deprecates them, NVRTC 13
+# starts at sm_75: an older arch is refused as one the NVRTC does not know, not served untested.
+OLDEST_ARCH = 70
 
 
 def nvrtc_options(arch: str) -> tuple[str, ...]:
@@ -122,6 +126,9 @@ class _CupyNvrtc:
     def upgrade(self) -> str:
         return f"pip install -U {self._wheel()} (the NVRTC CuPy loads)"
 
+    def archs(self) -> tuple[int, ...]:
+        return tuple(int(a) for a in self._nvrtc.getSupportedArchs())
+
     def _wheel(self) -> str:
         """The NVRTC wheel of CuPy's own CUDA major, whatever NVRTC it found instead."""
         return nvrtc_wheel(self._runtime.runtimeGetVersion() // 1000)
@@ -159,6 +166,10 @@ class _BindingsNvrtc:
 
     def upgrade(self) -> str:
         return "pip install -U nvidia-cuda-nvrtc"
+
+    def archs(self) -> tuple[int, ...]:
+        return tuple(int(a) for a in _check(self._nvrtc.nvrtcGetSupportedArchs(),
+                                            "nvrtcGetSupportedArchs"))
 
     def compile(self, source: str, name: str, options: list[str]) -> tuple[str, str, bytes] | str:
         """(log, ptx, cubin), or the log alone when NVRTC refused the source."""
@@ -236,16 +247,37 @@ def nvrtc_provider() -> str:
     return _nvrtc().name
 
 
+def known_archs() -> tuple[str, ...]:
+    """The archs cek compiles for with this NVRTC: those it knows (nvrtcGetSupportedArchs), from
+    OLDEST_ARCH on, as sm_XX."""
+    return tuple(f"sm_{a}" for a in sorted(_nvrtc().archs()) if a >= OLDEST_ARCH)
+
+
+def check_arch(arch: str) -> None:
+    """ValueError unless `arch` is a real architecture (sm_90, sm_90a, sm_100f) of known_archs:
+    said before anything compiles, naming the ones there are."""
+    match = re.fullmatch(r"sm_(\d+)[af]?", arch)
+    if not match:
+        raise ValueError(f"arch must look like sm_90, got {arch!r}")
+    known = known_archs()
+    if f"sm_{match.group(1)}" not in known:
+        major, minor = nvrtc_version()
+        raise ValueError(f"{arch} is not an arch cek compiles for with NVRTC {major}.{minor}: "
+                         f"give one of {', '.join(known)}")
+
+
 def _number(pattern: str, log: str) -> int:
     match = re.search(pattern, log)
     return int(match.group(1)) if match else 0
 
 
 def compile_kernel(kernel: Kernel, arch: str = "sm_90", options: tuple[str, ...] = ()) -> CompileResult:
-    """Compile `kernel.source` for `arch` (a real architecture such as sm_80 or sm_90)."""
+    """Compile `kernel.source` for `arch` (a real architecture such as sm_80 or sm_90, one of
+    known_archs(): check_arch says why not)."""
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise ValueError(f"arch must look like sm_90, got {arch!r}")
     binding = _nvrtc()
+    check_arch(arch)
     start = time.perf_counter()
     # -Xptxas -v only prints ptxas's resource report (tests compare the SASS with CuPy's).
     out = binding.compile(kernel.source, f"{kernel.id}.cu",

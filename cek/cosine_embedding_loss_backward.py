@@ -1,5 +1,6 @@
 """CosineEmbeddingLossBackward: the Kernel for kernels/cosine_embedding_loss_backward.cu."""
 
+from cek import dtypes
 from cek.kernel import SM_THREADS, Arg, Kernel, RowGroups, WaveGrid
 
 ROW = ("n_rows",)
@@ -77,8 +78,17 @@ class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows)
         which at 32 spilled the float row groups and the tailed float and bfloat16 rows on
         sm_80. A recomputed row keeps its one load round, and the bytes in flight an SM stay
         above what Little's law asks (tests/test_static_targets.py)."""
-        three_quarters = max(1, SM_THREADS * 3 // 4 // self.max_threads)
-        return min(super().min_blocks, three_quarters)
+        # double rows: half, where at 40 registers sm_120 (NVRTC 13.5) took a 16-byte stack
+        share = 2 if dtypes.get(self.dtype).array.itemsize == 8 else 3
+        return min(super().min_blocks, max(1, SM_THREADS * share // 4 // self.max_threads))
+
+    @property
+    def min_blocks_before_sm80(self) -> int:
+        """Half an SM's threads (64 registers) for 16-bit row groups on sm_70, where their
+        narrowing takes an instruction a value: at 40 registers NVRTC 12.9 spilled 8 bytes."""
+        if self.grouped and dtypes.get(self.dtype).array.itemsize == 2:
+            return max(1, SM_THREADS // 2 // self.max_threads)
+        return self.min_blocks
 
     launch_contract = ("the backward-rows kernel's block; grid [G, 1, 1] with 1 <= G <= U, "
                        "the backward-rows kernel's grid (cek's launchers: min(U, min_blocks * "

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from cek.compile import LOADER_OPTIONS, CompileError, nvrtc_wheel
-from cek.kernel import Kernel
+from cek.kernel import WARP, Kernel
+from cek.occupancy import SmLimits, occupancy_on
 
 NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
 # cek is installed from a checkout, so the extras are named on the checkout ('.[cuda12]'), and
@@ -206,21 +208,27 @@ def launch(kernel: Kernel, *args, stream=None) -> tuple:
 
 def launch_config(kernel: Kernel, *problem) -> tuple:
     """kernel.launch_config for `problem` on the current device: a wave grid (the keep kernels)
-    is one wave of its multiprocessors."""
+    is one wave of its multiprocessors, each holding the blocks that fit on it
+    (resident_blocks)."""
+    config = _launch_config(kernel, *problem)
     if not getattr(kernel, "wave_grid", False):
-        return _launch_config(kernel, *problem)
-    return _launch_config(kernel, *problem, sms=multiprocessors(require_cupy().cuda.Device().id))
+        return config
+    device = require_cupy().cuda.Device().id
+    _, block, shared_mem = config
+    per_sm = resident_blocks(kernel, device, math.prod(block), shared_mem)
+    return _launch_config(kernel, *problem, sms=multiprocessors(device), blocks_per_sm=per_sm)
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_config(kernel: Kernel, *problem, sms: int | None = None) -> tuple:
+def _launch_config(kernel: Kernel, *problem, sms: int | None = None,
+                   blocks_per_sm: int | None = None) -> tuple:
     """kernel.launch_config, memoized per problem (kernel.problem_size: n_rows and n_dim; for
     the reduction, whether partials are given too) and, for a wave grid, the device's
-    multiprocessors: a training loop launches the same few problems step after step, and a
-    launch's host time counts on small batches."""
+    multiprocessors and the blocks each holds: a training loop launches the same few problems
+    step after step, and a launch's host time counts on small batches."""
     if sms is None:
         return kernel.launch_config(*problem)
-    return kernel.launch_config(*problem, sms=sms)
+    return kernel.launch_config(*problem, sms=sms, blocks_per_sm=blocks_per_sm)
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,6 +236,40 @@ def multiprocessors(device_id: int) -> int:
     """The multiprocessors (SMs) of CUDA device `device_id`: what a wave of blocks is made of."""
     cupy = require_cupy()
     return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
+@functools.lru_cache(maxsize=64)
+def sm_limits(device_id: int) -> SmLimits:
+    """What one SM of CUDA device `device_id` holds, as the device reports it: an sm_75 SM holds
+    1024 threads and 16 blocks, an sm_80 or sm_90 one 2048 and 32. Shared memory is allocated
+    in units of 256 bytes on 7.x, 128 from 8.0 on (cuda_occupancy.h). A device that reports
+    none of these (a stand-in) is taken for sm_80's."""
+    props = require_cupy().cuda.runtime.getDeviceProperties(device_id)
+    default = SmLimits()
+    threads = int(props.get("maxThreadsPerMultiProcessor", default.max_threads))
+    return SmLimits(
+        max_blocks=int(props.get("maxBlocksPerMultiProcessor", default.max_blocks)),
+        max_warps=threads // WARP, max_threads=threads,
+        registers=int(props.get("regsPerMultiprocessor", default.registers)),
+        shared_bytes=int(props.get("sharedMemPerMultiprocessor", 164 * 1024)),
+        shared_unit=256 if props.get("major", 8) == 7 else 128,
+        shared_reserved=int(props.get("reservedSharedMemPerBlock", default.shared_reserved)))
+
+
+@functools.lru_cache(maxsize=1024)
+def resident_blocks(kernel: Kernel, device_id: int, threads: int, shared_mem: int) -> int:
+    """Blocks of `kernel` (of `threads` threads, `shared_mem` dynamic shared bytes) that one SM
+    of device `device_id` holds at once: its occupancy on that SM (sm_limits) with the registers
+    and static shared memory of the compiled function. Where the function does not say (a
+    stand-in), its __launch_bounds__ promise, min_blocks, bounds the registers' share. At least
+    1, so that a launch that cannot fit fails in CUDA, saying so."""
+    function = get_function(kernel)
+    registers = getattr(function, "num_regs", None)
+    shared = getattr(function, "shared_size_bytes", 0) + shared_mem
+    fit = occupancy_on(sm_limits(device_id), threads, registers or 0, shared).blocks_per_sm
+    if registers is None:
+        fit = min(fit, kernel.min_blocks)
+    return max(1, fit)
 
 
 class CaptureError(RuntimeError):

@@ -163,11 +163,27 @@ class Kernel:
         return (
             self._tiling_asserts()
             + f'extern "C" __global__ void __launch_bounds__({self.max_threads}, '
-            f"{self.min_blocks}) "
+            f"{self._min_blocks_expression()}) "
             f"{self.entry_point_name()}({params}) {{\n"
             f"    {self.name}<{self.block_size}{element}>({names});\n"
             f"}}\n"
         )
+
+    def _min_blocks_expression(self) -> str:
+        """__launch_bounds__'s blocks an SM: min_blocks, or where a class asks fewer below sm_80
+        (min_blocks_before_sm80), an expression of the arch NVRTC compiles for; the code for
+        sm_80 and up is the same either way."""
+        low = self.min_blocks_before_sm80
+        if low == self.min_blocks:
+            return str(self.min_blocks)
+        return f"__CUDA_ARCH__ >= 800 ? {self.min_blocks} : {low}"
+
+    @property
+    def min_blocks_before_sm80(self) -> int:
+        """min_blocks on sm_70 and sm_75, where a 16-bit narrowing takes an instruction a value
+        (kernels/cek_types.cuh) and ptxas budgets registers otherwise: min_blocks unless a
+        class found it spills there (tests/test_nvrtc.py compiles for sm_70 on NVRTC 12)."""
+        return self.min_blocks
 
     def _tiling_asserts(self) -> str:
         """static_asserts that the tiling this class launches with is CekTiling's (cek_row.cuh):
@@ -492,19 +508,25 @@ class WaveGrid:
     1 <= G <= most each take an even share of them, so that a launch whose work is mostly
     nothing (an upstream gradient of 1: every row kept) costs a wave of blocks, not N. The
     results do not depend on G: each row is computed by one block (or group) as it would be
-    alone. The launchers take G = min(most, min_blocks * SMs), the blocks the entry point's
-    __launch_bounds__ keeps resident on every SM of the device."""
+    alone. The launchers take G = min(most, blocks_per_sm * SMs), the blocks of this kernel
+    that one SM of the device holds at once (cek.gpu.resident_blocks: the device's limits and
+    the compiled function's registers), so that one wave runs them all on any arch."""
 
     wave_grid = True
 
-    def launch_config(self, n_rows: int, n_dim: int, sms: int | None = None):
+    def launch_config(self, n_rows: int, n_dim: int, sms: int | None = None,
+                      blocks_per_sm: int | None = None):
         """(grid, block, shared_mem); without `sms` (the device's multiprocessors) the grid is
-        the widest one, a block for each row (row group, slice)."""
+        the widest one, a block for each row (row group, slice). `blocks_per_sm` defaults to
+        min_blocks, what __launch_bounds__ keeps resident on an SM of 2048 threads and 64K
+        registers (sm_80, sm_90; an sm_75 SM holds half the threads)."""
         (most, _, _), block, shared_mem = super().launch_config(n_rows, n_dim)
         if sms is not None:
-            if not _is_int(sms) or sms < 1:
-                raise ValueError(f"sms must be a positive int, got {sms!r}")
-            most = min(most, self.min_blocks * int(sms))
+            per_sm = self.min_blocks if blocks_per_sm is None else blocks_per_sm
+            for name, value in (("sms", sms), ("blocks_per_sm", per_sm)):
+                if not _is_int(value) or value < 1:
+                    raise ValueError(f"{name} must be a positive int, got {value!r}")
+            most = min(most, int(per_sm) * int(sms))
         return (most, 1, 1), block, shared_mem
 
     def check_launch(self, grid, block, n_rows: int, n_dim: int) -> None:

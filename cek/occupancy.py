@@ -61,13 +61,17 @@ def occupancy(arch: str, threads: int, registers: int, shared_bytes: int = 0) ->
     `shared_bytes` of static plus dynamic shared memory per block."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    return occupancy_on(ARCHS[arch], threads, registers, shared_bytes)
+
+
+def occupancy_on(sm: SmLimits, threads: int, registers: int, shared_bytes: int = 0) -> Occupancy:
+    """occupancy() on an SM of limits `sm` (a device's own: cek.gpu.sm_limits)."""
     if not 1 <= threads <= 1024:
         raise ValueError(f"threads must be in [1, 1024], got {threads}")
     if not 0 <= registers <= 255:
         raise ValueError(f"registers must be in [0, 255], got {registers}")
     if shared_bytes < 0:
         raise ValueError(f"shared_bytes must be >= 0, got {shared_bytes}")
-    sm = ARCHS[arch]
     warps = math.ceil(threads / WARP)
     by_limit = {"blocks": sm.max_blocks, "warps": min(sm.max_warps // warps,
                                                       sm.max_threads // (warps * WARP))}
@@ -79,7 +83,8 @@ def occupancy(arch: str, threads: int, registers: int, shared_bytes: int = 0) ->
     if per_warp * _round_up(warps, sm.sub_partitions) > sm.registers:
         by_limit["registers"] = 0
     per_block = _round_up(shared_bytes, sm.shared_unit) + sm.shared_reserved
-    by_limit["shared"] = sm.shared_bytes // per_block
+    # 7.x reserves nothing a block: a block without shared memory is not limited by it
+    by_limit["shared"] = sm.shared_bytes // per_block if per_block else sm.max_blocks
     blocks = min(by_limit.values())
     binding = [name for name in ("registers", "warps", "blocks", "shared") if by_limit[name] == blocks]
     return Occupancy(blocks, blocks * warps, blocks * warps / sm.max_warps, "+".join(binding),

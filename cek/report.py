@@ -71,12 +71,19 @@ def waves(grid_blocks: int, blocks_per_sm: int, sms: int) -> tuple[float, float]
     return count, (rest / per_wave if rest else 1.0)
 
 
+def _arch_number(arch: str) -> int:
+    """90 for sm_90, sm_90a; 100 for sm_100f."""
+    return int(arch.removeprefix("sm_").rstrip("af"))
+
+
 def _gpu(name: str, arch: str) -> Gpu:
     if name not in GPUS:
         raise ValueError(f"gpu must be one of {', '.join(GPUS)}, got {name!r}")
     if arch not in occ.ARCHS:
         raise ValueError(f"arch must be one of {', '.join(occ.ARCHS)}, got {arch!r}")
-    if arch > GPUS[name].arch:  # sm_80 code runs on an H100; sm_90 code does not on an A100
+    # sm_80 code runs on an H100; sm_90 code does not on an A100. By number: as strings,
+    # "sm_100" < "sm_90".
+    if _arch_number(arch) > _arch_number(GPUS[name].arch):
         raise ValueError(f"{arch} code does not run on {GPUS[name].name} ({GPUS[name].arch})")
     return GPUS[name]
 
@@ -118,13 +125,17 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a cek.Kernel, got {type(kernel).__name__}")
     spec = _gpu(gpu, arch)
-    (grid, block, dynamic_shared), widest = _launches(kernel, n_rows, n_dim, spec.sms, launch)
     summary, facts = _compiled(kernel, arch, sass.find_nvdisasm())
     missing = None if facts is not None else sass.MISSING
+    # The block and its occupancy first: a wave grid is the blocks that fit on the SMs, as
+    # cek.gpu.launch_config sizes it from the compiled function's registers.
+    _, block, dynamic_shared = launch or kernel.launch_config(n_rows, n_dim)
     threads = block[0] * block[1] * block[2]
-    blocks = grid[0] * grid[1] * grid[2]
     o = occ.occupancy(arch, threads, summary["registers"],
                       summary["shared_bytes"] + dynamic_shared)
+    (grid, block, dynamic_shared), widest = _launches(kernel, n_rows, n_dim, spec.sms,
+                                                      o.blocks_per_sm, launch)
+    blocks = grid[0] * grid[1] * grid[2]
     wave_count, last_wave = waves(blocks, o.blocks_per_sm, spec.sms)
     # What one block holds at once: a row, a row group's rows or a slice's row, as in the grid of
     # a block for each, however many of those a block of this launch takes in turn; at most one
@@ -211,15 +222,18 @@ def reduction_facts(facts: dict, blocks: int, threads: int, rows_per_block: int,
             "tail_bytes_in_flight_per_thread": facts["loop_bytes_in_flight"]}
 
 
-def _launches(kernel: Kernel, n_rows: int, n_dim: int, sms: int,
+def _launches(kernel: Kernel, n_rows: int, n_dim: int, sms: int, blocks_per_sm: int,
               launch: tuple | None) -> tuple[tuple, tuple]:
     """(the launch that runs, the launch of a block for each row, row group or slice): the same
-    but for a kernel whose launch_config takes the device's `sms`, which gets `sms`."""
+    but for a kernel whose launch_config takes the device's `sms`, which gets `sms` and the
+    blocks an SM holds (`blocks_per_sm`, where it takes that too)."""
     if launch is not None:
         return launch, launch
     widest = kernel.launch_config(n_rows, n_dim)
-    if "sms" in inspect.signature(kernel.launch_config).parameters:
-        return kernel.launch_config(n_rows, n_dim, sms=sms), widest
+    parameters = inspect.signature(kernel.launch_config).parameters
+    if "sms" in parameters:
+        extra = {"blocks_per_sm": blocks_per_sm} if "blocks_per_sm" in parameters else {}
+        return kernel.launch_config(n_rows, n_dim, sms=sms, **extra), widest
     return widest, widest
 
 

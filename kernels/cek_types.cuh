@@ -52,7 +52,106 @@ struct CekType<double> {
     __device__ static __forceinline__ double from_acc(double v) { return v; }
 };
 
-// bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even.
+// The rounding instructions of PTX, one value (f16) or two (lo in the low half) at a time:
+// round to nearest, ties to even; past the largest finite value, infinity of the sign; NaN
+// becomes the canonical 0x7fff (the bits CUDA's own cuda_fp16.hpp and cuda_bf16.hpp give in
+// their software versions of these instructions). `cvt.rn.f16.f32` runs on every arch; the
+// packed two, `cvt.rn.f16x2.f32` and `cvt.rn.bf16x2.f32`, from sm_80 on. CEK_PACKED_CVT says
+// whether the packed two are used: on the GPU by the arch; on the CPU emulator 1 unless a build
+// defines it 0, so that the emulator runs both paths (tests/test_narrowing.py). There each
+// instruction is modelled by its definition, in the FPU's own rounding (cek_model_rn), apart
+// from the integer rounding that bfloat16 takes below sm_80 (cek_bf16_rn).
+#if defined(__CUDA_ARCH__)
+#define CEK_PACKED_CVT (__CUDA_ARCH__ >= 800)
+#elif !defined(CEK_PACKED_CVT)
+#define CEK_PACKED_CVT 1
+#endif
+
+#ifndef __CUDA_ARCH__
+// The emulator runs float code with subnormals flushed (as -ftz=true compiles it; SSE's switches
+// flush the conversions between float and double as well), where these instructions keep them:
+// the models read and write float subnormals as integers and round in double, never meeting one.
+inline double cek_pow2(int e) {  // 2^e, e in [-1022, 1023]
+    union { unsigned long long u; double d; } pun;
+    pun.u = static_cast<unsigned long long>(e + 1023) << 52;
+    return pun.d;
+}
+
+// |f| (its bits `a`, sign cleared, no NaN) rounded to `digits` significant bits with an exponent
+// of at least `min_exp` (the format's subnormals). Adding and taking away 1.5 * 2^52 units of
+// the last place rounds once, in double, to nearest even.
+inline double cek_model_rn(unsigned a, int digits, int min_exp) {
+    const double size = a < 0x00800000u ? static_cast<double>(a) * cek_pow2(-149)
+                                        : static_cast<double>(cek_float_from_bits(a));
+    int exp = static_cast<int>(a >> 23) - 127;  // 1.m * 2^exp for a normal float
+    if (exp < min_exp) exp = min_exp;
+    const double big = 6755399441055744.0 * cek_pow2(exp - digits + 1);
+    return (size + big) - big;
+}
+
+inline unsigned short cek_model_f16(float f) {
+    const unsigned u = cek_bits_from_float(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fffu;
+    const double r = cek_model_rn(a, 11, -14);
+    if (r > 65504.0) return static_cast<unsigned short>(sign | 0x7c00u);
+    if (r < 0x1p-14) return static_cast<unsigned short>(sign | static_cast<unsigned>(r * 0x1p24));
+    return static_cast<unsigned short>(
+        sign | ((cek_bits_from_float(static_cast<float>(r)) - 0x38000000u) >> 13));
+}
+
+inline unsigned short cek_model_bf16(float f) {
+    const unsigned u = cek_bits_from_float(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fffu;
+    const double r = cek_model_rn(a, 8, -126);  // float's exponents: subnormals from 2^-126
+    const unsigned bits = r > static_cast<double>(cek_float_from_bits(0x7f7f0000u)) ? 0x7f800000u
+                          : r < 0x1p-126 ? static_cast<unsigned>(r * 0x1p149)
+                                         : cek_bits_from_float(static_cast<float>(r));
+    return static_cast<unsigned short>(sign | bits >> 16);
+}
+#endif
+
+__device__ __forceinline__ unsigned short cek_cvt_rn_f16(float f) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    return cek_model_f16(f);
+#endif
+}
+
+#if CEK_PACKED_CVT
+__device__ __forceinline__ unsigned cek_cvt_rn_f16x2(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return cek_model_f16(lo) | static_cast<unsigned>(cek_model_f16(hi)) << 16;
+#endif
+}
+
+__device__ __forceinline__ unsigned cek_cvt_rn_bf16x2(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return cek_model_bf16(lo) | static_cast<unsigned>(cek_model_bf16(hi)) << 16;
+#endif
+}
+#endif
+
+// bfloat16 is the top half of a float: add just under half a unit of the dropped 16 bits, plus
+// the kept last bit (ties to even), and cut; an overflow carries into infinity by itself.
+__device__ __forceinline__ unsigned short cek_bf16_rn(float f) {
+    const unsigned u = cek_bits_from_float(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+    return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// bfloat16 widens with a shift; it narrows one value at a time in integer arithmetic (no
+// instruction before sm_90 rounds one), two with one instruction from sm_80 on.
 template <>
 struct CekType<cek_bf16> {
     using Acc = float;
@@ -60,31 +159,25 @@ struct CekType<cek_bf16> {
     __device__ static __forceinline__ float to_acc(cek_bf16 v) {
         return cek_float_from_bits(static_cast<unsigned>(v.bits) << 16);
     }
-    __device__ static __forceinline__ cek_bf16 from_acc(float f) {
-        const unsigned u = cek_bits_from_float(f);
-        if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<unsigned short>((u >> 16) | 0x40u)};
-        return {static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
-    }
+    __device__ static __forceinline__ cek_bf16 from_acc(float f) { return {cek_bf16_rn(f)}; }
     // Widens two values packed lo | hi << 16: a shift and a mask, with no extraction of halves.
     __device__ static __forceinline__ void to_acc2(unsigned pair, float& lo, float& hi) {
         lo = cek_float_from_bits(pair << 16);
         hi = cek_float_from_bits(pair & 0xffff0000u);
     }
-    // Two values at once, lo in the low half: one instruction on the GPU (sm_80 on), where the
-    // integer rounding above takes about five per element.
+    // Two values at once, lo in the low half: one instruction, where the integer rounding
+    // takes about five per value.
     __device__ static __forceinline__ unsigned from_acc2(float lo, float hi) {
-#ifdef __CUDA_ARCH__
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
+#if CEK_PACKED_CVT
+        return cek_cvt_rn_bf16x2(lo, hi);
 #else
-        return from_acc(lo).bits | static_cast<unsigned>(from_acc(hi).bits) << 16;
+        return cek_bf16_rn(lo) | static_cast<unsigned>(cek_bf16_rn(hi)) << 16;
 #endif
     }
 };
 
-// binary16: the GPU converts with one instruction; the CPU emulator, which has no such
-// instruction, with the same IEEE round-to-nearest-even in integer arithmetic.
+// binary16: one instruction converts either way on the GPU; the CPU emulator widens exactly in
+// integer arithmetic.
 template <>
 struct CekType<cek_f16> {
     using Acc = float;
@@ -105,36 +198,14 @@ struct CekType<cek_f16> {
         return cek_float_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
 #endif
     }
-    __device__ static __forceinline__ cek_f16 from_acc(float f) {
-#ifdef __CUDA_ARCH__
-        unsigned short h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        return {h};
-#else
-        unsigned u = cek_bits_from_float(f);
-        const unsigned sign = (u >> 16) & 0x8000u;
-        u &= 0x7fffffffu;
-        unsigned short h;
-        if (u >= 0x47800000u) {  // |f| >= 65536: inf, or NaN kept quiet
-            h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-        } else if (u < 0x38800000u) {  // below 2^-14: subnormal; the float add rounds for us
-            h = static_cast<unsigned short>(
-                cek_bits_from_float(cek_float_from_bits(u) + 0.5f) - 0x3f000000u);
-        } else {  // rebias the exponent, round the 13 dropped bits to nearest even
-            u += 0xc8000fffu + ((u >> 13) & 1u);
-            h = static_cast<unsigned short>(u >> 13);
-        }
-        return {static_cast<unsigned short>(h | sign)};
-#endif
-    }
-    // Two values at once, lo in the low half: one instruction on the GPU for two.
+    __device__ static __forceinline__ cek_f16 from_acc(float f) { return {cek_cvt_rn_f16(f)}; }
+    // Two values at once, lo in the low half: one instruction for two from sm_80 on, one each
+    // before (as cuda_fp16.hpp's __floats2half2_rn does).
     __device__ static __forceinline__ unsigned from_acc2(float lo, float hi) {
-#ifdef __CUDA_ARCH__
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
+#if CEK_PACKED_CVT
+        return cek_cvt_rn_f16x2(lo, hi);
 #else
-        return from_acc(lo).bits | static_cast<unsigned>(from_acc(hi).bits) << 16;
+        return cek_cvt_rn_f16(lo) | static_cast<unsigned>(cek_cvt_rn_f16(hi)) << 16;
 #endif
     }
 };

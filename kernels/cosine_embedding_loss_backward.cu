@@ -202,8 +202,13 @@ __device__ void cosine_embedding_loss_backward_keep(const T* __restrict__ dy, in
         }
     } else {
         // A row after another, its dy first: every thread loads the same value (a broadcast,
-        // from L1 but for the first row of each 128-byte line), so the branch is uniform.
-        for (int row = first; row < last; ++row) {  // uniform
+        // from L1 but for the first row of each 128-byte line), so the branch is uniform. The
+        // loop's bound is read from shared memory, out of the registers a streamed row's work
+        // fills: held in one, the float row of 65536 spilled at 64 on sm_120 (NVRTC 13.5).
+        __shared__ int block_last;
+        if (threadIdx.x == 0) block_last = last;
+        __syncthreads();
+        for (int row = first; row < block_last; ++row) {  // uniform
             const Acc g = cek_widen(cek_upstream(dy, dy_stride, row));
             if (g == Acc(1)) {  // kept
                 if (dy_stride == 0) return;  // one gradient for every row, the fused kernel's

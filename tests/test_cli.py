@@ -44,6 +44,12 @@ def test_list_names_every_kernel_with_args_and_contract(run):
     for name in ("cosine_embedding_loss_backward", "cosine_embedding_loss_forward",
                  "cosine_embedding_loss_fused"):
         assert f"{name}__<f32|f64|f16|bf16>__<BLOCK_SIZE>" in result.output
+    # the backward kernel's documented nine, and backward-rows's upstream gradient in place
+    assert ("backward: cosine_embedding_loss_backward\n"
+            "  id          cosine_embedding_loss_backward__<f32|f64|f16|bf16>__<BLOCK_SIZE>\n"
+            "  block_sizes 1..1048576 (powers of two)\n"
+            "  args        T* dy, T* x1, T* x2, A* y, T* dx1, T* dx2, int n_rows, int n_dim, "
+            "A margin\n") in result.output
     assert ("T* dy, int dy_stride, A scale, T* x1, T* x2, A* y, T* dx1, T* dx2, int n_rows, "
             "int n_dim, A margin") \
         in result.output
@@ -779,3 +785,41 @@ def test_list_shows_the_reduction_the_launchers_run(run):
     rows = {row["kernel"]: row for row in json.loads(run("list", "--json").output)}
     assert rows["reduce"]["launch"] == CosineEmbeddingLossReduce.launch_contract
     assert "reduce" not in KERNEL_NAMES  # listed, but no --kernel of the other commands
+
+
+class _PlantedNvrtc:
+    """An NVRTC 12.9 that knows sm_50 to sm_90, as cek.compile's bindings answer."""
+
+    name = "CuPy's"
+
+    def version(self):
+        return (12, 9)
+
+    def archs(self):
+        return (50, 52, 60, 70, 72, 75, 80, 86, 90)
+
+
+@pytest.mark.parametrize("arch", ["sm_5", "sm_00", "sm_35", "sm_999", "sm_60", "sm_090"])
+def test_an_arch_the_nvrtc_does_not_know_is_a_usage_error_naming_those_it_does(run, monkeypatch,
+                                                                                arch):
+    from cek import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_nvrtc", _PlantedNvrtc)
+    compiled = _record_compiles(monkeypatch)
+    result = run("compile", "--kernel", "forward", "--arch", arch)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        f"Error: Invalid value for '--arch': {arch} is not an arch cek compiles for with NVRTC "
+        "12.9: give one of sm_70, sm_72, sm_75, sm_80, sm_86, sm_90")
+    assert compiled == [] and "compiling" not in result.output
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_90a", "sm_86"])
+def test_an_arch_the_nvrtc_knows_is_compiled_for(run, monkeypatch, arch):
+    from cek import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_nvrtc", _PlantedNvrtc)
+    compiled = _record_compiles(monkeypatch)
+    result = run("compile", "--kernel", "forward", "--n-dim", "64", "--arch", arch, "--json")
+    assert result.exit_code == 0, result.output
+    assert compiled == ["cosine_embedding_loss_forward__f32__64"]
