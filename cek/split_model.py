@@ -3,7 +3,8 @@ cek.cosine_embedding_loss_split.splits, for the fused training step (docs/design
 few of them").
 
 Both ways read x1 and x2 from DRAM once and write dx1 and dx2 once, and read x1 and x2 a second
-time; they differ in where that second read comes from and in how much of the GPU works:
+time; they differ in where that second read comes from, in how much of the GPU works, and in the
+instructions each issues for a byte:
 
 - One block a row (the streamed kernel): a block of 1024 threads an SM (56-62 registers), each
   thread with CEK_STREAM_UNROLL chunk pairs in flight (two in 16-bit types), so an SM moves at
@@ -11,17 +12,27 @@ time; they differ in where that second read comes from and in how much of the GP
   min(the copy rate, k * that rate). Each block reads its row again right after its first pass,
   backwards from its end: a part u of the row was read within 3*k*R bytes of everyone's traffic
   (the first read, the second, the writes), and comes from L2 where that is under half of it.
-- The split: every SM busy, at the copy rate, with one launch more; its second read walks the
-  slices back from the last the sums read, so the last half of L2 that the sums read hits.
+- The split: two launches, each as slow as its DRAM traffic at the copy rate or its
+  instructions at the issue rate of the SMs its grid covers, whichever is slower; its second
+  read walks the slices back from the last the sums read, so the last half of L2 that the sums
+  read hits (fast for DRAM, not for issue: a byte from L2 costs the instructions a byte from
+  DRAM does).
 
-The constants are those of the H200 (132 SMs, 60 MB of L2 and a device-to-device copy of about
-4.3 TB/s, as read on one; 700 ns loaded DRAM latency and 2.5 us to launch and drain a kernel,
-estimates). They are fixed, not read off the device: the choice sets the order of a row's
-additions, so its bits must depend on N and D alone. A GPU run settles the model
-(scripts/device_check.sh times both ways at 48, 128 and 256 rows of 32768 and at 48 x 2^20).
+Instructions issued per byte (ISSUE) are constants measured from the kernels' SASS
+(`measured_issue`, `python -m cek.split_model --measured`); tests/test_split_model.py recomputes
+them on the pinned toolchain and fails when one drifts by more than ISSUE_TOLERANCE. The other
+constants are those of the H200 (132 SMs, 60 MB of L2 and a device-to-device copy of about
+4.3 TB/s, as read on one; 700 ns loaded DRAM latency, 2.5 us to launch and drain a kernel and
+the SM's 64 bytes a cycle, estimates). None is read off the device or the NVRTC at hand: the
+choice sets the order of a row's additions, so its bits must depend on N, D and the dtype alone.
+A GPU run settles the model (scripts/device_check.sh times both ways at 48, 128 and 256 rows of
+32768 and at 48 x 2^20).
 """
 
 from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
 
 SMS = 132
 COPY_BYTES_PER_S = 4.3e12
@@ -32,11 +43,50 @@ LAUNCH_S = 2.5e-6
 # ran at under load (127 GB/s, against the 33 GB/s an SM's share of the copy rate is).
 SM_BYTES_PER_CYCLE = 64
 SM_CLOCK_HZ = 1.98e9
+# An sm_90 SM issues 4 warp instructions a cycle, one from each scheduler: 128 threads' worth.
+SM_ISSUE_PER_CYCLE = 128
 # The split costs a launch more, and the model counts one block a row's second read
 # pessimistically: the split runs where the model finds it this much faster.
 MARGIN = 1.1
 THREADS = 1024
 CHUNK_BYTES = 16
+SUMS_SLICES = 2  # the slices a block of split-sums reads (cek.cosine_embedding_loss_split)
+
+
+@dataclass(frozen=True)
+class Issue:
+    """Instructions a thread issues, per byte it moves, on sm_90 (the ordinary path, cek.sass).
+
+    sums, fused_split: the split's launches, over the bytes their bytes_moved counts (the
+    partials' writes are one thread's of a slice, so a thread's own bytes are what it moves).
+    first_pass, second_pass: one block a row's streamed loops, over the bytes a trip reads (the
+    sums) and reads and writes (the gradients). per_row: what a thread of that block issues
+    once a row, outside its loops (the block's sums, the loss; its tail loops, which run only
+    for a width that is no multiple of a trip, counted with neither)."""
+
+    sums: float
+    fused_split: float
+    first_pass: float
+    second_pass: float
+    per_row: int
+
+
+# Measured on NVRTC 13.5 (sm_90) at 8 x 2^20 by measured_issue. By itemsize, as the rest of the
+# model: the 16-bit figures are bfloat16's (float16's are within ISSUE_TOLERANCE of them).
+ISSUE = {
+    4: Issue(sums=5.544, fused_split=4.546, first_pass=1.031, second_pass=0.883, per_row=269),
+    8: Issue(sums=6.384, fused_split=6.544, first_pass=0.844, second_pass=0.809, per_row=399),
+    2: Issue(sums=6.481, fused_split=5.499, first_pass=1.898, second_pass=1.391, per_row=286),
+}
+# A figure 5% off moves a launch's time by at most 5%, half of MARGIN.
+ISSUE_TOLERANCE = 0.05
+MEASURED_AT = (8, 1 << 20)
+
+
+def issue_rate(blocks: int) -> float:
+    """Thread instructions a second that a grid of `blocks` issues: every SM it covers at
+    SM_ISSUE_PER_CYCLE (a grid of fewer blocks than SMs leaves the rest idle)."""
+    return min(blocks, SMS) * SM_ISSUE_PER_CYCLE * SM_CLOCK_HZ
 
 
 def one_block_rate(itemsize: int) -> float:
@@ -48,25 +98,49 @@ def one_block_rate(itemsize: int) -> float:
                SM_BYTES_PER_CYCLE * SM_CLOCK_HZ)
 
 
+def one_block_row_seconds(n_dim: int, itemsize: int) -> float:
+    """One block's time for its row, alone on its SM: its bytes at one_block_rate, or its
+    instructions at one SM's issue rate, whichever is slower."""
+    row = 2 * itemsize * n_dim  # x1 and x2
+    issue = ISSUE[itemsize]
+    instructions = (issue.first_pass * row + issue.second_pass * 2 * row
+                    + issue.per_row * THREADS)
+    return max(3 * row / one_block_rate(itemsize), instructions / issue_rate(1))
+
+
 def one_block_seconds(n_rows: int, n_dim: int, itemsize: int) -> float:
     """The fused kernel of one block a row: its waves of at most SMS rows, each as slow as its
-    DRAM traffic at the copy rate or one block's work at one_block_rate, whichever is slower."""
-    row = 2 * itemsize * n_dim  # x1 and x2
+    DRAM traffic at the copy rate or one block's row (one_block_row_seconds), whichever is
+    slower."""
+    row = 2 * itemsize * n_dim
     seconds, left = LAUNCH_S, n_rows
     while left > 0:
         k = min(left, SMS)
         hit = min(1.0, (L2_BYTES / 2) / (3 * k * row))  # the second read's share from L2
         seconds += max(k * row * (3 - hit) / COPY_BYTES_PER_S,
-                       3 * row / one_block_rate(itemsize))
+                       one_block_row_seconds(n_dim, itemsize))
         left -= k
     return seconds
 
 
-def split_seconds(n_rows: int, n_dim: int, itemsize: int) -> float:
-    """The split pair: the partial sums, then the fused kernel a block a slice, at the copy rate
-    but for the second read's last half an L2 (the partials' bytes are a thousandth: left out)."""
+def split_launches(n_rows: int, n_dim: int, itemsize: int) -> tuple[float, float]:
+    """(split-sums, fused-split) seconds, launches left out: each its DRAM bytes at the copy
+    rate or its instructions at issue_rate of its grid, whichever is slower. The sums read x1
+    and x2 (B bytes); fused-split reads them again and writes dx1 and dx2 (2B), the last half
+    an L2 of the sums' reads from L2 (the partials' bytes are a thousandth: left out)."""
     both = 2 * itemsize * n_rows * n_dim
-    return 2 * LAUNCH_S + (3 * both - min(both, L2_BYTES / 2)) / COPY_BYTES_PER_S
+    slices = -(-n_dim // (THREADS * CHUNK_BYTES // itemsize))
+    issue = ISSUE[itemsize]
+    sums = max(both / COPY_BYTES_PER_S,
+               issue.sums * both / issue_rate(-(-n_rows * slices // SUMS_SLICES)))
+    second = max((2 * both - min(both, L2_BYTES / 2)) / COPY_BYTES_PER_S,
+                 issue.fused_split * 2 * both / issue_rate(n_rows * slices))
+    return sums, second
+
+
+def split_seconds(n_rows: int, n_dim: int, itemsize: int) -> float:
+    """The split pair: its two launches (split_launches) and the cost of launching each."""
+    return 2 * LAUNCH_S + sum(split_launches(n_rows, n_dim, itemsize))
 
 
 def speedup(n_rows: int, n_dim: int, itemsize: int) -> float:
@@ -78,3 +152,74 @@ def prefers_split(n_rows: int, n_dim: int, itemsize: int) -> bool:
     """Whether the model finds the split at least MARGIN times faster (cek's launchers ask only
     below cek.cosine_embedding_loss_split.SPLIT_BELOW_ROWS: at most two waves to add up)."""
     return speedup(n_rows, n_dim, itemsize) > MARGIN
+
+
+def issue_share_at_copy_rate(per_byte: float) -> float:
+    """The share of the GPU's issue slots that a kernel issuing `per_byte` instructions a byte
+    needs to move its bytes at the copy rate (over 1: it cannot)."""
+    return per_byte * COPY_BYTES_PER_S / issue_rate(SMS)
+
+
+def measured_issue(dtype: str) -> Issue:
+    """ISSUE's figures for `dtype`, read again from the SASS of the NVRTC at hand (sm_90, the
+    ordinary path of cek.sass, at MEASURED_AT). Needs NVRTC and nvdisasm; slow (three
+    compiles)."""
+    from cek import report, sass
+    from cek.compile import compile_kernel
+    from cek.kernel import kernel_classes
+
+    n_rows, n_dim = MEASURED_AT
+    per_byte = {}
+    for name in ("split-sums", "fused-split"):
+        kernel = kernel_classes()[name].for_n_dim(n_dim, dtype)
+        row = report.static_row(kernel, n_rows, n_dim)
+        threads = row["grid"][0] * row["block"][0]
+        per_byte[name] = row["sass"]["instructions"] * threads / kernel.bytes_moved(n_rows, n_dim)
+    kernel = kernel_classes()["fused"].for_n_dim(n_dim, dtype)
+    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu", l2_reads=report.L2_READS)
+    blocks = sass.parse(sass.disassemble(compile_kernel(kernel, "sm_90").cubin))
+    path = sass.ordinary_path(blocks, marks)
+    index = {id(b): n for n, b in enumerate(blocks)}
+    loops = [[i for b in loop for i in b]
+             for loop in sass._loops(blocks, [index[id(b)] for b in path])]
+
+    def moved(code, base):
+        return sum(sass.load_width(i.opcode) // 8 for i in code if i.base == base)
+
+    # The main loops move the most bytes a trip: the sums' loads only, the gradients' stores too.
+    first = max((c for c in loops if moved(c, "STG") == 0), key=lambda c: moved(c, "LDG"))
+    second = max(loops, key=lambda c: moved(c, "STG"))
+    in_loops = {id(b) for loop in sass._loops(blocks, [index[id(b)] for b in path])
+                for b in loop}
+    return Issue(sums=per_byte["split-sums"], fused_split=per_byte["fused-split"],
+                 first_pass=len(first) / moved(first, "LDG"),
+                 second_pass=len(second) / (moved(second, "LDG") + moved(second, "STG")),
+                 per_row=sum(len(b) for b in path if id(b) not in in_loops))
+
+
+SHAPES = [(n_rows, n_dim) for n_dim in (32768, 1 << 20) for n_rows in (8, 48, 128, 140, 256)]
+
+
+def main(argv: list[str]) -> None:
+    """The model's times and choice at SHAPES in float32 and bfloat16; with --measured, the
+    issue figures read again from the SASS beside ISSUE's."""
+    for dtype, itemsize in (("f32", 4), ("bf16", 2)):
+        for n_rows, n_dim in SHAPES:
+            sums, second = split_launches(n_rows, n_dim, itemsize)
+            print(f"{dtype:4} {n_rows:4} x {n_dim:7}: one block a row "
+                  f"{one_block_seconds(n_rows, n_dim, itemsize) * 1e6:6.1f} us, split "
+                  f"{split_seconds(n_rows, n_dim, itemsize) * 1e6:6.1f} us (sums {sums * 1e6:.1f}"
+                  f", fused-split {second * 1e6:.1f}), speed-up "
+                  f"{speedup(n_rows, n_dim, itemsize):.2f}: "
+                  f"{'split' if prefers_split(n_rows, n_dim, itemsize) else 'one block a row'}")
+    for itemsize, issue in ISSUE.items():
+        print(f"itemsize {itemsize}: issue slots at the copy rate: split-sums "
+              f"{issue_share_at_copy_rate(issue.sums):.0%}, fused-split "
+              f"{issue_share_at_copy_rate(issue.fused_split):.0%}")
+    if "--measured" in argv:
+        for dtype in ("f32", "f64", "f16", "bf16"):
+            print(dtype, measured_issue(dtype))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -350,11 +350,12 @@ def test_run_bench_end_to_end_on_the_stand_in(standin, dtype):
 
 @pytest.mark.emulator
 def test_a_split_pair_is_timed_as_one_run(standin):
-    """One row of 16385 floats, which cek's launchers split: fused-split is timed alone and as a
-    mean, each run its partial sums then its own launch (and the reduction), with the bytes of
-    both; the baselines run beside it, the kernel users get there, and not beside fused, which
-    is timed for cek alone."""
-    n, d = 1, 16385
+    """One row of 32768 floats, which cek's launchers split (one of 16385 runs one block a row
+    since cek/split_model.py counts the split's instruction issue): fused-split is timed alone
+    and as a mean, each run its partial sums then its own launch (and the reduction), with the
+    bytes of both; the baselines run beside it, the kernel users get there, and not beside
+    fused, which is timed for cek alone."""
+    n, d = 1, 32768
     rows, failures = bench.run_bench(["fused", "fused-split"], n, d, PROVIDERS, 50,
                                      log=lambda m: None)
     assert failures == []

@@ -32,8 +32,9 @@ REDUCTIONS = ["none", "mean", "sum"]
 N = 7
 # Row widths and the path the fused kernel takes for them (for float32; CosineEmbeddingLossFused
 # tells for each dtype): D = 1 and 33 and 256 in row groups (<= 64 chunks), 768 in registers,
-# 32768 streamed (> 16384 elements).
-WIDTHS = {1: 1, 33: 64, 256: 256, 768: 1024, 32768: 32768}  # D: BLOCK_SIZE
+# 65536 streamed (> 16384 elements), three rows of which split in every dtype (of 32768 they
+# split in float32 and double alone since cek/split_model.py counts the split's instruction issue).
+WIDTHS = {1: 1, 33: 64, 256: 256, 768: 1024, 65536: 65536}  # D: BLOCK_SIZE
 CUPY_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
 
 

@@ -175,13 +175,15 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
 
 
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
-@pytest.mark.parametrize("d", [256, 768, 32768])
+@pytest.mark.parametrize("d", [256, 768, 65536])
 def test_row_widths(cuda, d, dtype):
     x1, x2, y = _torch_inputs(3, d, dtype, seed=d)
     loss = _cuda.forward(x1, x2, y, -0.25, "mean")
     dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
     width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
-    if d == 32768:  # three streamed rows: the split's pairs, the partial sums first
+    # three streamed rows: the split's pairs, the partial sums first (of 65536: three rows of
+    # 32768 split in float32 alone since cek/split_model.py counts the split's instruction issue)
+    if d == 65536:
         sums, forward, reduce, sums_again, backward = cuda.launches
         assert [i.split("__")[0] for i in cuda.ids()] == [SPLIT_SUMS, SPLIT_FORWARD, REDUCE,
                                                           SPLIT_SUMS, SPLIT_BACKWARD]
@@ -384,12 +386,12 @@ def test_fused_forward_then_keep_backward(cuda, dtype, reduction):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_split_step_keeps_its_rows_from_the_partials_it_left(cuda, dtype):
-    """Three rows of 32768 (streamed, fewer than SPLIT_BELOW_ROWS): the eager step is the split's
+    """Three rows of 65536 (streamed, fewer than SPLIT_BELOW_ROWS): the eager step is the split's
     pair, the partial sums into a workspace torch allocates and the fused kernel from them, then
     the reduction; the backward is the split's keep kernel on those very partials (no second
     sums launch), which leaves a row whose upstream gradient is the forward's as it is and
     recomputes the others. Nothing is read back to the host, nothing comes from CuPy's pool."""
-    n, d = 3, 32768
+    n, d = 3, 65536  # of 32768, bfloat16 runs one block a row (cek/split_model.py)
     x1, x2, y = _torch_inputs(n, d, dtype, seed=12)
     with _device_only(cuda):
         loss, fused = _cuda.fused_forward(x1, x2, y, 0.1, "mean")
@@ -591,8 +593,9 @@ class _TorchKernels(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-# (width, the path cek's launchers take at 3 rows of it)
-STEP_PATHS = [(33, "row groups"), (768, "one block a row"), (32768, "split")]
+# (width, the path cek's launchers take at 3 rows of it: 65536 splits in float32 and bfloat16,
+# 32768 in float32 alone, cek/split_model.py)
+STEP_PATHS = [(33, "row groups"), (768, "one block a row"), (65536, "split")]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
