@@ -12,7 +12,8 @@ to SASS (cubin), not PTX. So an NVRTC, a CuPy or a torch built for a newer major
 driver supports cannot run there.
 
 Exit 0 when the GPU path can run (no problem, and one real launch of the fused kernel matched
-the CPU path), 1 when it cannot, 2 for a bad option.
+the CPU path), 1 when it cannot, 2 for a bad option, 3 when the CuPy path runs on the GPU and
+cek.torch on the CPU only (TORCH_ON_CPU).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import re
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,22 @@ DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")  # the kernel module's
 # CUdevice_attribute values (cuda.h): the compute capability.
 _CC_MAJOR, _CC_MINOR = 75, 76
 _NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE
+# What a bug report needs of the Python side, each to the patch level: the distributions that
+# decide what cek compiles with and runs on (CuPy's is found by its prefix, cupy_wheels).
+DISTRIBUTIONS = ("numpy", "click", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12",
+                 "nvidia-cuda-runtime", "nvidia-cuda-runtime-cu12", "torch")
+ENVIRONMENT_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUPY_COMPILE_WITH_PTX")
+# The widest label: each line is printed as it is known, so the column cannot wait for them all.
+LABEL_WIDTH = max(map(len, ENVIRONMENT_VARIABLES))
+# The exit status of a host whose CuPy path runs on the GPU while its torch cannot reach the
+# GPU: not 0, which says everything runs there, nor 1, which says nothing does.
+TORCH_ON_CPU = 3
+# What cek's extras install (pyproject.toml; tests/test_packaging.py holds them equal): a fix
+# names the packages themselves, which install the same with cek installed or in a checkout.
+EXTRAS = {12: ("cupy-cuda12x>=14.0,<15", "nvidia-cuda-nvrtc-cu12>=12.0,<13",
+               "nvidia-cuda-runtime-cu12>=12.0,<13"),
+          13: ("cupy-cuda13x>=14.0,<15", "nvidia-cuda-nvrtc>=13.0.88,<13.6",
+               "nvidia-cuda-runtime>=13.0.48,<13.6")}
 
 
 @dataclass
@@ -62,6 +82,7 @@ class Facts:
     headers_cuda: tuple | None = None
     headers_error: str | None = None
     compile_nvrtc: str | None = None   # `cek compile`'s NVRTC, "13.5 (CuPy's)"
+    archs: list = field(default_factory=list)  # what it compiles for, ["sm_75", ...]
     compile_error: str | None = None
     torch: str | None = None
     torch_cuda: str | None = None      # torch.version.cuda: None for a CPU build
@@ -74,6 +95,7 @@ class Facts:
 class Problem:
     text: str
     fix: str
+    torch_only: bool = False  # cek.torch runs on the CPU for it; the CuPy path is untouched
 
 
 def _error(exc: BaseException) -> str:
@@ -107,7 +129,7 @@ def read_driver(facts: Facts, lib) -> None:
     try:
         facts.driver = re.search(r"Kernel Module\s+(\S+)", DRIVER_VERSION_FILE.read_text())[1]
     except (OSError, TypeError):  # no such file (a container may lack it), or another format
-        pass
+        facts.driver = nvml_driver_version(libnvml())
     version = ctypes.c_int()
     if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
         facts.driver_error = "the NVIDIA driver does not say which CUDA it supports"
@@ -123,6 +145,27 @@ def read_driver(facts: Facts, lib) -> None:
         return
     for index in range(count.value):
         facts.gpus.append(_gpu(lib, index))
+
+
+def libnvml():
+    """The driver's management library (NVML), or None."""
+    try:
+        return ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+
+
+def nvml_driver_version(lib) -> str | None:
+    """The driver's version as the driver itself gives it (NVML), or None."""
+    if lib is None or lib.nvmlInit_v2() != 0:
+        return None
+    buffer = ctypes.create_string_buffer(80)
+    try:
+        if lib.nvmlSystemGetDriverVersion(buffer, len(buffer)) != 0:
+            return None
+        return buffer.value.decode(errors="replace")
+    finally:
+        lib.nvmlShutdown()
 
 
 def _gpu(lib, index: int) -> tuple[str, str, int]:
@@ -217,6 +260,7 @@ def read_compile(facts: Facts) -> None:
         from cek import compile as compiler
 
         facts.compile_nvrtc = f"{_dotted(compiler.nvrtc_version())} ({compiler.nvrtc_provider()})"
+        facts.archs = list(compiler.known_archs())
     except Exception as exc:  # noqa: BLE001 - no NVRTC: the error says what to install
         facts.compile_error = _error(exc)
 
@@ -233,6 +277,47 @@ def read_torch(facts: Facts) -> None:
         facts.torch_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as exc:  # noqa: BLE001 - a torch that cannot load its libraries
         facts.torch_error = f"cannot load: {_error(exc)}"
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+def environment():
+    """(label, text) of each fact of the machine and the Python environment, each yielded as
+    soon as it is read: the OS and its C library, the CPU, Python, g++ (the emulator's and the
+    CPU path's compiler), each distribution of DISTRIBUTIONS and CuPy's, and the environment
+    variables that change what CUDA and CuPy do."""
+    libc, libc_version = platform.libc_ver()
+    yield "OS", f"{platform.platform()}, {libc or 'libc'} {libc_version or 'version not known'}"
+    yield "CPU", f"{cpu_model()}, {os.cpu_count()} cores"
+    yield "Python", f"{platform.python_version()} ({platform.python_implementation()}), " \
+                    f"{sys.executable}"
+    yield "g++", gxx_version()
+    for name in (*DISTRIBUTIONS, *cupy_wheels()):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        yield "package", f"{name} {version}"
+    for name in ENVIRONMENT_VARIABLES:
+        yield name, os.environ.get(name, "(not set)")
+
+
+def cpu_model() -> str:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        return re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)[1].strip()
+    except (OSError, TypeError):  # not Linux, or an architecture that names it otherwise
+        return platform.processor() or platform.machine()
+
+
+def gxx_version() -> str:
+    """g++'s first line of --version, or why there is none."""
+    try:
+        done = subprocess.run(["g++", "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"not found ({_error(exc)}): the emulator and the CPU path need g++ >= 12"
+    return (done.stdout.splitlines() or ["(no version printed)"])[0]
 
 
 # -- the one real launch -----------------------------------------------------------------------
@@ -312,11 +397,15 @@ def compare(got, want, values, dtype: str) -> str:
 # -- the problems and their fixes --------------------------------------------------------------
 
 
-def _extra(driver: tuple | None) -> str:
-    """The install line for the driver's CUDA major."""
+def _install(driver: tuple | None) -> str:
+    """The install line of the GPU path for the driver's CUDA major."""
     if driver is None:
-        return "pip install '.[cuda12]' for a CUDA 12.x driver, '.[cuda13]' for 13.x"
-    return f"pip install '.[cuda{12 if driver[0] <= 12 else 13}]'"
+        return f"{_pip(12)} for a CUDA 12.x driver, {_pip(13)} for 13.x"
+    return _pip(12 if driver[0] <= 12 else 13)
+
+
+def _pip(major: int) -> str:
+    return f"pip install {' '.join(repr(r) for r in EXTRAS[major])} (cek's cuda{major} extra)"
 
 
 def _runtime_wheel(major: int) -> str:
@@ -324,9 +413,37 @@ def _runtime_wheel(major: int) -> str:
     return "nvidia-cuda-runtime-cu12" if major == 12 else "nvidia-cuda-runtime"
 
 
+def _torch_install(major: int) -> str:
+    # pip keeps an installed torch whatever CUDA it was built for: the old one goes first.
+    return (f"install torch by the command PyTorch's install selector gives for CUDA {major}.x "
+            "(its own index: torch's default build is made for CUDA 13)")
+
+
 def _torch_fix(driver: tuple) -> str:
-    return (f"install the torch built for CUDA {driver[0]}.x by the command PyTorch's install "
-            f"selector gives, then pip install '.[torch]'")
+    return f"pip uninstall -y torch, then {_torch_install(driver[0])}"
+
+
+def required_by(name: str) -> list[str]:
+    """The installed distributions whose own requirements (not an extra's) name `name`: an
+    uninstall of it breaks them."""
+    wanted = _normal(name)
+    return sorted({d.metadata["Name"] for d in importlib.metadata.distributions()
+                   for requirement in d.requires or ()
+                   if "extra ==" not in requirement
+                   and _normal(re.match(r"[\w.-]*", requirement)[0]) == wanted})
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def ptx_mode() -> bool:
+    """Whether CuPy compiles to PTX, which the driver compiles for the GPU, in place of SASS:
+    CUPY_COMPILE_WITH_PTX set to the integer 1, as CuPy reads it."""
+    try:
+        return int(os.environ.get("CUPY_COMPILE_WITH_PTX") or 0) == 1
+    except ValueError:
+        return False
 
 
 def problems(facts: Facts) -> list[Problem]:
@@ -348,11 +465,11 @@ def problems(facts: Facts) -> list[Problem]:
         found.append(Problem(f"{len(facts.cupy_wheels)} CuPy wheels share one package directory "
                              f"({', '.join(facts.cupy_wheels)})",
                              f"pip uninstall {' '.join(facts.cupy_wheels)}, then "
-                             f"{_extra(driver)}"))
+                             f"{_install(driver)}"))
     if facts.cupy_error is not None:
-        found.append(Problem(f"CuPy: {facts.cupy_error}", _extra(driver)))
+        found.append(Problem(f"CuPy: {facts.cupy_error}", _install(driver)))
     else:
-        found += _cupy_problems(facts, driver)
+        found += _cupy_problems(facts, driver) + _arch_problems(facts)
     found += _torch_problems(facts, driver)
     found += [Problem(f"the launch of {launch['what']} {launch['detail']}",
                       "report it, with this output") for launch in facts.launches
@@ -367,7 +484,7 @@ def _cupy_problems(facts: Facts, driver: tuple | None) -> list[Problem]:
         found.append(Problem(f"CuPy is built for CUDA {_dotted(facts.cupy_cuda)}, newer than "
                              f"the CUDA {_dotted(driver)} the driver supports",
                              f"pip uninstall {' '.join(facts.cupy_wheels) or 'cupy'}, then "
-                             f"{_extra(driver)}"))
+                             f"{_install(driver)}"))
     elif facts.gpus and facts.cupy_devices == 0:
         found.append(Problem(f"CuPy sees no GPU ({facts.cupy_device_error or 'none'})",
                              "CUDA_VISIBLE_DEVICES, where set, must name a GPU nvidia-smi "
@@ -376,16 +493,89 @@ def _cupy_problems(facts: Facts, driver: tuple | None) -> list[Problem]:
         wheel = cek.compile.nvrtc_wheel(cuda or 12)
         found.append(Problem(f"CuPy finds no NVRTC ({facts.nvrtc_error})", f"pip install {wheel}"))
     elif driver is not None and facts.nvrtc is not None and facts.nvrtc[0] > driver[0]:
-        file = facts.nvrtc_file or "an unknown file"
-        own = (f"pip uninstall {cek.compile.nvrtc_wheel(facts.nvrtc[0])}, then "
-               if "-packages" in file else "")
-        found.append(Problem(f"CuPy compiles with NVRTC {_dotted(facts.nvrtc)} ({file}), newer "
-                             f"than the CUDA {_dotted(driver)} the driver supports: what it "
-                             "compiles cannot load", f"{own}{_extra(driver)}"))
+        found.append(_nvrtc_newer_than_the_driver(facts, driver))
+    elif driver is not None and facts.nvrtc is not None and ptx_mode() \
+            and tuple(facts.nvrtc) > tuple(driver):
+        wheel = cek.compile.nvrtc_wheel(driver[0])
+        found.append(Problem(
+            f"CUPY_COMPILE_WITH_PTX=1: CuPy hands the driver PTX of NVRTC "
+            f"{_dotted(facts.nvrtc)}, newer than the CUDA {_dotted(driver)} the driver "
+            "supports, which cannot load it",
+            f"unset CUPY_COMPILE_WITH_PTX (CuPy then compiles SASS, which a driver of CUDA "
+            f"{driver[0]}.x loads from any NVRTC {driver[0]}.x), or pip install "
+            f"'{wheel}<{driver[0]}.{driver[1] + 1}'"))
     if facts.headers_error is not None:
         found.append(Problem(f"CuPy finds no CUDA headers, so every CuPy compile fails "
                              f"({facts.headers_error})", f"pip install {_runtime_wheel(cuda)}"))
     return found
+
+
+def _nvrtc_newer_than_the_driver(facts: Facts, driver: tuple) -> Problem:
+    """CuPy loads the newest NVRTC it finds: one of another wheel (torch's) is loaded in place
+    of its own. Where torch pins that wheel, uninstalling the wheel alone would break torch."""
+    file = facts.nvrtc_file or "an unknown file"
+    text = (f"CuPy compiles with NVRTC {_dotted(facts.nvrtc)} ({file}), newer than the CUDA "
+            f"{_dotted(driver)} the driver supports: what it compiles cannot load")
+    if "-packages" not in file:
+        return Problem(text, _install(driver))
+    wheel = cek.compile.nvrtc_wheel(facts.nvrtc[0])
+    if "torch" in required_by(wheel):
+        return Problem(f"{text} ({_torch_named(facts)} pins {wheel})",
+                       f"pip uninstall -y torch {wheel}, then {_torch_install(driver[0])}")
+    return Problem(text, f"pip uninstall -y {wheel}, then {_install(driver)}")
+
+
+def _arch_problems(facts: Facts) -> list[Problem]:
+    """A GPU older than the oldest arch cek compiles for, or newer than its NVRTC knows: CuPy
+    compiles SASS for the GPU's arch or, where the NVRTC does not know it, the newest it knows,
+    and SASS loads only on GPUs of its own major (sm_90's not on sm_100); in PTX mode the driver
+    compiles for the GPU instead."""
+    if not facts.archs or facts.nvrtc is None:
+        return []
+    known = sorted(_arch_number(arch) for arch in facts.archs)
+    nvrtc = _dotted(facts.nvrtc)
+    gpus: dict[str, list] = {}
+    for index, (name, arch, _) in enumerate(facts.gpus):
+        gpus.setdefault(arch, []).append(f"{index} ({name})")
+    found = []
+    for arch, which in gpus.items():
+        number, gpu = _arch_number(arch), f"GPU {', '.join(which)} is {arch}"
+        if number < known[0]:
+            found.append(Problem(f"{gpu}, older than sm_{known[0]}, the oldest arch cek compiles "
+                                 f"for with NVRTC {nvrtc}", _below_the_floor_fix(facts, number)))
+        elif number > known[-1] and number // 10 != known[-1] // 10 and not ptx_mode():
+            found.append(Problem(f"{gpu}, newer than NVRTC {nvrtc} knows: CuPy compiles for "
+                                 f"sm_{known[-1]}, the newest it knows, which an {arch} GPU "
+                                 "cannot load", _newer_nvrtc_fix(facts)))
+    return found
+
+
+def _arch_number(arch: str) -> int:
+    return int(re.match(r"sm_(\d+)", arch)[1])  # sm_90a: 90
+
+
+def _below_the_floor_fix(facts: Facts, arch: int) -> str:
+    oldest = cek.compile.OLDEST_ARCH
+    if arch < oldest:
+        return (f"none for this GPU: cek's GPU path needs sm_{oldest} or newer; the CPU path "
+                "runs here (cek check --device cpu, cek.torch on CPU tensors)")
+    wheels = " ".join([*facts.cupy_wheels, cek.compile.nvrtc_wheel(13), _runtime_wheel(13)])
+    return (f"pip uninstall -y {wheels}, then {_pip(12)}: NVRTC 12 compiles for "
+            f"sm_{oldest}, and a 13.x driver runs what it compiles")
+
+
+def _newer_nvrtc_fix(facts: Facts) -> str:
+    major = facts.nvrtc[0]
+    wheel = cek.compile.nvrtc_wheel(major)
+    if "torch" in required_by(wheel):  # torch pins its NVRTC: a newer one comes with a torch
+        return (f"pip uninstall -y torch, then install torch by the command PyTorch's install "
+                f"selector gives for its newest CUDA {major}.x, whose NVRTC knows the newest "
+                f"archs ({_torch_named(facts)} pins {wheel})")
+    return f"pip install -U {wheel}: the newest NVRTC {major}.x knows the newest archs"
+
+
+def _torch_named(facts: Facts) -> str:
+    return f"torch {facts.torch}" if facts.torch else "torch"
 
 
 def _torch_problems(facts: Facts, driver: tuple | None) -> list[Problem]:
@@ -397,25 +587,37 @@ def _torch_problems(facts: Facts, driver: tuple | None) -> list[Problem]:
         return []
     if facts.torch_cuda is None:
         return [Problem(f"torch {facts.torch} is a CPU build: cek.torch runs on the CPU",
-                        _torch_fix(driver))]
+                        _torch_fix(driver), torch_only=True)]
     built = tuple(int(part) for part in facts.torch_cuda.split(".")[:2])
     if built[0] > driver[0]:
         return [Problem(f"torch {facts.torch} is built for CUDA {facts.torch_cuda}, newer than "
                         f"the CUDA {_dotted(driver)} the driver supports: "
                         "torch.cuda.is_available() is False, cek.torch runs on the CPU",
-                        _torch_fix(driver))]
+                        _torch_fix(driver), torch_only=True)]
     if facts.torch_devices == 0:
         return [Problem(f"torch {facts.torch} sees no GPU", "CUDA_VISIBLE_DEVICES, where set, "
                         "must name a GPU nvidia-smi lists")]
     return []
 
 
+def exit_status(facts: Facts, found: list[Problem]) -> int:
+    """0: the GPU path runs; TORCH_ON_CPU: the CuPy path ran on the GPU and matched, and
+    only torch is wrong (cek.torch runs on the CPU); 1: the GPU path cannot run."""
+    if not found:
+        return 0
+    if all(p.torch_only for p in found) and facts.launches \
+            and all(launch["ok"] for launch in facts.launches):
+        return TORCH_ON_CPU
+    return 1
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
-def diagnose() -> tuple[Facts, list[Problem]]:
-    """Every fact, the launch where CuPy reaches a GPU, and the problems. A reader that fails in
-    a way it does not foresee becomes a problem too: doctor never ends in a traceback."""
+def diagnose(on_read=None) -> tuple[Facts, list[Problem]]:
+    """Every fact, the launch where CuPy reaches a GPU, and the problems; on_read(what, facts)
+    after each reader, so that its facts can be said at once. A reader that fails in a way it
+    does not foresee becomes a problem too: doctor never ends in a traceback."""
     facts, unforeseen = Facts(), []
     readers = [("the driver", lambda f: read_driver(f, libcuda())), ("CuPy", read_cupy),
                ("cek compile's NVRTC", read_compile), ("torch", read_torch),
@@ -426,6 +628,8 @@ def diagnose() -> tuple[Facts, list[Problem]]:
         except Exception as exc:  # noqa: BLE001 - said, with what it was reading
             unforeseen.append(Problem(f"reading {what} failed: {_error(exc)}",
                                       "report it, with this output"))
+        if on_read is not None:
+            on_read(what, facts)
     return facts, problems(facts) + unforeseen
 
 
@@ -433,27 +637,59 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def report(facts: Facts, found: list[Problem]) -> list[str]:
-    """The facts, the launches and the problems with their fixes, a line each."""
-    rows = [("cek", f"{cek.__version__}, Python {platform.python_version()}, "
-                    f"{platform.system()} {platform.machine()}"),
-            ("driver", _driver_line(facts))]
-    rows += [(f"GPU {i}", f"{name}, {arch}, {memory / 2**30:.1f} GiB")
-             for i, (name, arch, memory) in enumerate(facts.gpus)]
-    rows += [("CuPy", _cupy_line(facts)), ("NVRTC", _nvrtc_line(facts)),
-             ("headers", _headers_line(facts)),
-             ("cek compile", f"NVRTC {facts.compile_nvrtc}" if facts.compile_nvrtc
-              else f"no NVRTC: {facts.compile_error}"),
-             ("torch", _torch_line(facts))]
-    rows += [("launch", f"{launch['what']}: {launch['detail']}") for launch in facts.launches]
-    if facts.cupy_devices == 0:
-        rows.append(("launch", "not run: CuPy reaches no GPU"))
+def rows_of(what: str, facts: Facts) -> list[tuple[str, str]]:
+    """(label, text) of the lines a reader's facts make (`what`: its name in diagnose)."""
+    if what == "the driver":
+        return [("driver", _driver_line(facts))] + [
+            (f"GPU {i}", f"{name}, {arch}, {memory / 2**30:.1f} GiB")
+            for i, (name, arch, memory) in enumerate(facts.gpus)]
+    if what == "CuPy":
+        return [("CuPy", _cupy_line(facts)), ("NVRTC", _nvrtc_line(facts)),
+                ("headers", _headers_line(facts))]
+    if what == "cek compile's NVRTC":
+        if not facts.compile_nvrtc:
+            return [("cek compile", f"no NVRTC: {facts.compile_error}")]
+        return [("cek compile", f"NVRTC {facts.compile_nvrtc}"),
+                ("archs", ", ".join(facts.archs) or "none known")]
+    if what == "torch":
+        return [("torch", _torch_line(facts))]
+    rows = [("launch", f"{launch['what']}: {launch['detail']}") for launch in facts.launches]
+    return rows if facts.cupy_devices else [*rows, ("launch", "not run: CuPy reaches no GPU")]
+
+
+def verdict(facts: Facts, found: list[Problem]) -> str:
+    status = exit_status(facts, found)
+    if status == 0:
+        return "the GPU path can run"
+    if status == TORCH_ON_CPU:
+        return (f"the CuPy path runs on the GPU; cek.torch runs on the CPU: "
+                f"{_count(len(found), 'problem')}")
+    return f"the GPU path cannot run: {_count(len(found), 'problem')}"
+
+
+def verdict_rows(facts: Facts, found: list[Problem]) -> list[tuple[str, str]]:
+    rows = []
     for problem in found:
         rows += [("problem", problem.text), ("  fix", problem.fix)]
-    rows.append(("verdict", "the GPU path can run" if not found else
-                 f"the GPU path cannot run: {_count(len(found), 'problem')}"))
-    width = max(len(name) for name, _ in rows)
-    return [f"{name:<{width}}  {text}" for name, text in rows]
+    return [*rows, ("verdict", verdict(facts, found))]
+
+
+def first_row() -> tuple[str, str]:
+    return ("cek", f"{cek.__version__}, Python {platform.python_version()}, "
+                   f"{platform.system()} {platform.machine()}")
+
+
+def line(label: str, text: str) -> str:
+    return f"{label:<{LABEL_WIDTH}}  {text}"
+
+
+def report(facts: Facts, found: list[Problem]) -> list[str]:
+    """The facts, the launches and the problems with their fixes, a line each (the machine's
+    facts are doctor_command's, said first)."""
+    rows = [first_row()]
+    for what in ("the driver", "CuPy", "cek compile's NVRTC", "torch", "the launch"):
+        rows += rows_of(what, facts)
+    return [line(*row) for row in rows + verdict_rows(facts, found)]
 
 
 def _driver_line(facts: Facts) -> str:
@@ -502,21 +738,45 @@ def _torch_line(facts: Facts) -> str:
 def doctor_command(as_json: bool) -> None:
     """What the GPU path runs with here, what stops it, and the fix of each problem.
 
-    The driver and the CUDA it supports, each GPU, the CuPy and NVRTC that compile the kernels
-    and where their CUDA headers come from, the NVRTC of `cek compile`, torch and its CUDA; where
-    CuPy reaches a GPU, one launch of the fused kernel against the CPU path. Exit 0 when the GPU
-    path can run, 1 when it cannot.
+    The machine (OS and glibc, CPU, Python, g++, the exact versions of numpy, click, CuPy, the
+    NVRTC and CUDA runtime wheels, cuda-bindings and torch, CUDA_VISIBLE_DEVICES and
+    CUPY_COMPILE_WITH_PTX); the driver and the CUDA it supports, each GPU, the CuPy and NVRTC
+    that compile the kernels and where their CUDA headers come from, the NVRTC of `cek compile`,
+    torch and its CUDA; where CuPy reaches a GPU, one launch of the fused kernel against the CPU
+    path. Each line is printed as soon as it is known. Exit 0 when the GPU path can run, 1 when
+    it cannot, 3 when the CuPy path runs on the GPU but torch cannot reach it (a CPU build, or
+    one built for a newer CUDA than the driver's): cek.torch runs on the CPU.
 
     \b
     Example:
       cek doctor > doctor.txt     # run after installing; paste it into a bug report
     """
-    facts, found = diagnose()
     if as_json:
-        click.echo(json.dumps({"facts": asdict(facts), "problems": [asdict(p) for p in found]},
-                              indent=2))
-    else:
-        click.echo("\n".join(report(facts, found)))
-    if found:
+        machine = dict(_safely(environment))
+        facts, found = diagnose()
+        click.echo(json.dumps({"environment": machine, "facts": asdict(facts),
+                               "problems": [asdict(p) for p in found]}, indent=2))
+    else:  # each line as soon as it is known: a run cut short still says what it read
+        click.echo(line(*first_row()))
+        for row in _safely(environment):
+            click.echo(line(*row))
+        facts, found = diagnose(lambda what, facts: [click.echo(line(*row))
+                                                     for row in rows_of(what, facts)])
+        for row in verdict_rows(facts, found):
+            click.echo(line(*row))
+    status = exit_status(facts, found)
+    if status == TORCH_ON_CPU:
+        click.echo(f"Error: cek.torch runs on the CPU here, the CuPy path on the GPU: "
+                   f"{_count(len(found), 'problem')}, each with its fix above", err=True)
+        raise click.exceptions.Exit(TORCH_ON_CPU)
+    if status:
         raise click.ClickException(f"the GPU path cannot run here: "
                                    f"{_count(len(found), 'problem')}, each with its fix above")
+
+
+def _safely(rows):
+    """The rows of the generator function `rows`, and a line saying why, should it fail."""
+    try:
+        yield from rows()
+    except Exception as exc:  # noqa: BLE001 - doctor never ends in a traceback
+        yield "machine", f"reading it failed: {_error(exc)}"

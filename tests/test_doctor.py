@@ -14,6 +14,19 @@ from click.testing import CliRunner
 from cek import doctor
 
 H100 = ("NVIDIA H100 80GB HBM3", 9, 0, 85_520_809_984)
+B200 = ("NVIDIA B200", 10, 0, 191_514_247_168)
+RTX_5090 = ("NVIDIA GeForce RTX 5090", 12, 0, 34_190_917_632)
+V100 = ("Tesla V100-SXM2-16GB", 7, 0, 17_059_545_088)
+P100 = ("Tesla P100-PCIE-16GB", 6, 0, 17_071_734_784)
+# What cek compiles for with each NVRTC (its nvrtcGetSupportedArchs from sm_70 on).
+NVRTC_12_6_ARCHS = ["sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90"]
+NVRTC_12_9_ARCHS = [*NVRTC_12_6_ARCHS, "sm_100", "sm_101", "sm_103", "sm_120", "sm_121"]
+NVRTC_13_0_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100",
+                    "sm_103", "sm_110", "sm_120", "sm_121"]
+CUDA12_LINE = ("pip install 'cupy-cuda12x>=14.0,<15' 'nvidia-cuda-nvrtc-cu12>=12.0,<13' "
+               "'nvidia-cuda-runtime-cu12>=12.0,<13' (cek's cuda12 extra)")
+CUDA13_LINE = ("pip install 'cupy-cuda13x>=14.0,<15' 'nvidia-cuda-nvrtc>=13.0.88,<13.6' "
+               "'nvidia-cuda-runtime>=13.0.48,<13.6' (cek's cuda13 extra)")
 INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver, CuPy's status without a driver
 
 
@@ -125,8 +138,12 @@ def machine(monkeypatch):
     """Set up a machine: machine(libcuda=..., cupy=..., torch=..., wheels=[...]); None for a
     piece that is not installed. Launches are recorded, not run."""
 
-    def setup(libcuda=None, cupy=None, torch=None, wheels=(), cupy_error=None):
+    def setup(libcuda=None, cupy=None, torch=None, wheels=(), cupy_error=None,
+              archs=NVRTC_12_9_ARCHS, pinned=None):
         monkeypatch.setattr(doctor, "libcuda", lambda: libcuda)
+        # pinned: {wheel: [distributions whose own requirements name it]}
+        monkeypatch.setattr(doctor, "required_by", lambda name: (pinned or {}).get(name, []))
+        monkeypatch.setattr(doctor, "libnvml", lambda: None)
         monkeypatch.setattr(doctor, "DRIVER_VERSION_FILE", doctor.Path("/nonexistent"))
         monkeypatch.setattr(doctor, "cupy_wheels", lambda: list(wheels))
         monkeypatch.setattr(doctor, "loaded_library", lambda stem: None)
@@ -141,6 +158,7 @@ def machine(monkeypatch):
 
         monkeypatch.setattr(compiler, "nvrtc_version", lambda: (12, 9))
         monkeypatch.setattr(compiler, "nvrtc_provider", lambda: "CuPy's")
+        monkeypatch.setattr(compiler, "known_archs", lambda: archs)
 
     return setup
 
@@ -148,7 +166,7 @@ def machine(monkeypatch):
 def _doctor(*args):
     """`cek doctor`: its result, having checked that it ended as a command must."""
     result = CliRunner().invoke(doctor.doctor_command, list(args), prog_name="cek doctor")
-    assert result.exit_code in (0, 1), result.output
+    assert result.exit_code in (0, 1, 3), result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.stdout + result.stderr
     return result
@@ -186,9 +204,9 @@ def test_no_driver_no_cupy_no_torch(machine):
     assert _lines(result, "launch") == ["not run: CuPy reaches no GPU"]
     assert [text for text, _ in _problems(result)] == [
         "no NVIDIA driver (libcuda.so.1 is not installed)", "CuPy: not installed"]
-    # without a driver there is no CUDA version to choose by: both lines
-    assert _problems(result)[1][1] == ("pip install '.[cuda12]' for a CUDA 12.x driver, "
-                                       "'.[cuda13]' for 13.x")
+    # without a driver there is no CUDA version to choose by: both lines, each naming the
+    # packages, which install the same with cek installed or in a checkout
+    assert _problems(result)[1][1] == f"{CUDA12_LINE} for a CUDA 12.x driver, {CUDA13_LINE} for 13.x"
     _exits_1_saying(result, 2)
 
 
@@ -197,7 +215,7 @@ def test_cupy_missing_on_a_gpu_host_names_the_extra_of_the_drivers_cuda(machine)
     result = _doctor()
     assert _lines(result, "driver") == ["version not known, supports CUDA 13.2"]
     assert _lines(result, "GPU 0") == ["NVIDIA H100 80GB HBM3, sm_90, 79.6 GiB"]
-    assert _problems(result) == [("CuPy: not installed", "pip install '.[cuda13]'")]
+    assert _problems(result) == [("CuPy: not installed", CUDA13_LINE)]
     _exits_1_saying(result, 1)
 
 
@@ -207,7 +225,7 @@ def test_a_cupy_that_cannot_load_is_told_from_a_missing_one(machine):
     result = _doctor()
     assert _problems(result) == [
         ("CuPy: cannot load: ImportError: libcudart.so.12: cannot open shared object file",
-         "pip install '.[cuda12]'")]
+         CUDA12_LINE)]
 
 
 def test_no_driver_with_cupy_installed(machine):
@@ -240,7 +258,7 @@ def test_a_driver_older_than_cupys_cuda(machine):
     result = _doctor()
     assert _problems(result)[0] == (
         "CuPy is built for CUDA 13.2, newer than the CUDA 12.4 the driver supports",
-        "pip uninstall cupy-cuda13x, then pip install '.[cuda12]'")
+        f"pip uninstall cupy-cuda13x, then {CUDA12_LINE}")
 
 
 def test_no_headers(machine, monkeypatch):
@@ -277,7 +295,7 @@ def test_an_nvrtc_newer_than_the_driver(machine, monkeypatch):
     assert _problems(result)[0] == (
         f"CuPy compiles with NVRTC 13.5 ({nvrtc13}), newer than the CUDA 12.4 the driver "
         "supports: what it compiles cannot load",
-        "pip uninstall nvidia-cuda-nvrtc, then pip install '.[cuda12]'")
+        f"pip uninstall -y nvidia-cuda-nvrtc, then {CUDA12_LINE}")
     assert _lines(result, "launch")[0] == (
         "fused 64 x 768 float32, cek.torch: failed: RuntimeError: "
         "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported "
@@ -301,8 +319,8 @@ def test_torch_built_for_a_newer_cuda_than_the_driver(machine, monkeypatch):
     assert _problems(result) == [(
         "torch 2.13.0+cu130 is built for CUDA 13.0, newer than the CUDA 12.4 the driver "
         "supports: torch.cuda.is_available() is False, cek.torch runs on the CPU",
-        "install the torch built for CUDA 12.x by the command PyTorch's install selector gives, "
-        "then pip install '.[torch]'")]
+        "pip uninstall -y torch, then install torch by the command PyTorch's install selector "
+        "gives for CUDA 12.x (its own index: torch's default build is made for CUDA 13)")]
 
 
 def test_a_cpu_build_of_torch_on_a_gpu_host(machine, monkeypatch):
@@ -311,8 +329,8 @@ def test_a_cpu_build_of_torch_on_a_gpu_host(machine, monkeypatch):
     monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
     assert _problems(_doctor()) == [(
         "torch 2.13.0+cpu is a CPU build: cek.torch runs on the CPU",
-        "install the torch built for CUDA 13.x by the command PyTorch's install selector gives, "
-        "then pip install '.[torch]'")]
+        "pip uninstall -y torch, then install torch by the command PyTorch's install selector "
+        "gives for CUDA 13.x (its own index: torch's default build is made for CUDA 13)")]
 
 
 def test_a_torch_that_cannot_load(machine, monkeypatch):
@@ -333,7 +351,7 @@ def test_two_cupy_wheels(machine, monkeypatch):
     monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
     assert _problems(_doctor()) == [(
         "2 CuPy wheels share one package directory (cupy-cuda12x, cupy-cuda13x)",
-        "pip uninstall cupy-cuda12x cupy-cuda13x, then pip install '.[cuda12]'")]
+        f"pip uninstall cupy-cuda12x cupy-cuda13x, then {CUDA12_LINE}")]
 
 
 def test_a_working_gpu_path_exits_0(machine, monkeypatch):
@@ -428,3 +446,221 @@ def test_the_file_of_a_loaded_library_is_read_from_the_process_maps():
     libc = doctor.loaded_library("libc.so")  # every Python on Linux has it loaded
     assert libc is not None and doctor.Path(libc).name.startswith("libc.so.")
     assert doctor.loaded_library("libcek-never-loaded.so") is None  # every line read, no error
+
+
+# -- the machine, first, and each line as it is known ----------------------------------------------
+
+
+def test_the_machine_comes_first_with_exact_versions(machine, monkeypatch):
+    """What a bug report needs before anything about CUDA: the OS and its C library, the CPU,
+    Python, g++, numpy's (and every installed distribution's) exact version, and the variables
+    that change what CUDA and CuPy do."""
+    import platform
+
+    machine(libcuda=None, cupy=None, torch=None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.delenv("CUPY_COMPILE_WITH_PTX", raising=False)
+    result = _doctor()
+    _exits_1_saying(result, 2)
+    labels = [label for label, _ in _rows(result)]
+    assert labels.index("OS") < labels.index("driver")
+    assert platform.libc_ver()[1] in _lines(result, "OS")[0]
+    assert _lines(result, "Python")[0].startswith(platform.python_version() + " ")
+    assert _lines(result, "g++")[0].startswith("g++")
+    assert f"numpy {np.__version__}" in _lines(result, "package")
+    assert _lines(result, "CUDA_VISIBLE_DEVICES") == ["3"]
+    assert _lines(result, "CUPY_COMPILE_WITH_PTX") == ["(not set)"]
+
+
+def test_each_line_is_printed_as_soon_as_it_is_known(machine, monkeypatch):
+    """A doctor cut short by a timeout (a cold torch import, a hanging launch) has said what it
+    read before: the driver's and CuPy's lines are out before torch is read."""
+    machine(libcuda=Libcuda(cuda=13000), cupy=None, torch=None)
+    said = []
+    monkeypatch.setattr(doctor.click, "echo", lambda text="", **kwargs: said.append(text))
+    monkeypatch.setattr(doctor, "read_torch", lambda facts: said.append("reading torch"))
+    _doctor()
+    at = said.index("reading torch")
+    assert any(text.startswith("driver ") for text in said[:at])
+    assert any(text.startswith("CuPy ") for text in said[:at])
+    assert any(text.startswith("torch ") for text in said[at:])
+
+
+class Libnvml:
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlSystemGetDriverVersion(self, buffer, size):
+        buffer.value = b"580.65.06"
+        return 0
+
+    def nvmlShutdown(self):
+        return 0
+
+
+def test_the_drivers_version_comes_from_the_driver_where_proc_has_none(machine, monkeypatch):
+    machine(libcuda=Libcuda(cuda=13000), cupy=None, torch=None)  # DRIVER_VERSION_FILE: absent
+    monkeypatch.setattr(doctor, "libnvml", Libnvml)
+    assert _lines(_doctor(), "driver") == ["580.65.06, supports CUDA 13.0"]
+
+
+# -- the arch, PTX mode, torch on the CPU, the install trap ----------------------------------------
+
+
+def _no_binary(dtype):  # what CuPy says loading a cubin of another major's arch
+    raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available for "
+                       "execution on the device")
+
+
+def test_an_nvrtc_too_old_for_the_gpus_arch(machine, monkeypatch):
+    # NVRTC 12.6 knows sm_90 at most: CuPy builds sm_90 SASS, which an sm_100 GPU cannot load.
+    machine(libcuda=Libcuda(cuda=12080, gpus=(B200, B200)), cupy=_cupy(cuda=12060, nvrtc=(12, 6)),
+            wheels=["cupy-cuda12x"], archs=NVRTC_12_6_ARCHS)
+    monkeypatch.delenv("CUPY_COMPILE_WITH_PTX", raising=False)
+    monkeypatch.setattr(doctor, "_cupy_step", _no_binary)
+    result = _doctor()
+    assert _lines(result, "archs") == [", ".join(NVRTC_12_6_ARCHS)]
+    assert _problems(result)[0] == (
+        "GPU 0 (NVIDIA B200), 1 (NVIDIA B200) is sm_100, newer than NVRTC 12.6 knows: CuPy "
+        "compiles for sm_90, the newest it knows, which an sm_100 GPU cannot load",
+        "pip install -U nvidia-cuda-nvrtc-cu12: the newest NVRTC 12.x knows the newest archs")
+    _exits_1_saying(result, 3)  # the arch, and the two launches it broke
+
+
+def test_an_nvrtc_too_old_for_the_arch_that_torch_pins_comes_with_a_newer_torch(machine,
+                                                                                monkeypatch):
+    machine(libcuda=Libcuda(cuda=12080, gpus=(RTX_5090,)), cupy=_cupy(cuda=12060, nvrtc=(12, 6)),
+            wheels=["cupy-cuda12x"], archs=NVRTC_12_6_ARCHS, torch=_torch(),
+            pinned={"nvidia-cuda-nvrtc-cu12": ["torch"]})
+    monkeypatch.delenv("CUPY_COMPILE_WITH_PTX", raising=False)
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    assert _problems(_doctor()) == [(
+        "GPU 0 (NVIDIA GeForce RTX 5090) is sm_120, newer than NVRTC 12.6 knows: CuPy compiles "
+        "for sm_90, the newest it knows, which an sm_120 GPU cannot load",
+        "pip uninstall -y torch, then install torch by the command PyTorch's install selector "
+        "gives for its newest CUDA 12.x, whose NVRTC knows the newest archs (torch 2.13.0+cu126 "
+        "pins nvidia-cuda-nvrtc-cu12)")]
+
+
+@pytest.mark.parametrize("gpu, archs", [
+    (H100, NVRTC_12_6_ARCHS),   # sm_90 itself
+    (("NVIDIA GB10", 12, 1, 0), NVRTC_12_9_ARCHS[:-1]),  # sm_121 beside sm_120's SASS: loads
+])
+def test_an_arch_the_nvrtc_serves_is_no_problem(machine, monkeypatch, gpu, archs):
+    machine(libcuda=Libcuda(cuda=12080, gpus=(gpu,)), cupy=_cupy(), wheels=["cupy-cuda12x"],
+            archs=archs)
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    assert _problems(_doctor()) == []
+
+
+def test_in_ptx_mode_an_old_nvrtc_serves_a_new_arch(machine, monkeypatch):
+    # PTX of compute_90 is compiled by the driver for sm_100: no arch problem.
+    machine(libcuda=Libcuda(cuda=12080, gpus=(B200,)), cupy=_cupy(cuda=12060, nvrtc=(12, 6)),
+            wheels=["cupy-cuda12x"], archs=NVRTC_12_6_ARCHS)
+    monkeypatch.setenv("CUPY_COMPILE_WITH_PTX", "1")
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    result = _doctor()
+    assert _lines(result, "CUPY_COMPILE_WITH_PTX") == ["1"]
+    assert _problems(result) == []
+
+
+@pytest.mark.parametrize("ptx, problem", [("1", True), ("0", False), ("", False)])
+def test_ptx_mode_with_an_nvrtc_newer_than_the_driver(machine, monkeypatch, ptx, problem):
+    # NVRTC 12.9's PTX needs a 12.9 driver; its SASS loads on 12.4's, which outside PTX mode
+    # is what CuPy hands the driver.
+    machine(libcuda=Libcuda(cuda=12040), cupy=_cupy(nvrtc=(12, 9)), wheels=["cupy-cuda12x"])
+    monkeypatch.setenv("CUPY_COMPILE_WITH_PTX", ptx)
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    assert _problems(_doctor()) == ([(
+        "CUPY_COMPILE_WITH_PTX=1: CuPy hands the driver PTX of NVRTC 12.9, newer than the CUDA "
+        "12.4 the driver supports, which cannot load it",
+        "unset CUPY_COMPILE_WITH_PTX (CuPy then compiles SASS, which a driver of CUDA 12.x loads "
+        "from any NVRTC 12.x), or pip install 'nvidia-cuda-nvrtc-cu12<12.5'")] if problem else [])
+
+
+def test_a_gpu_below_the_arch_floor_of_every_nvrtc(machine, monkeypatch):
+    machine(libcuda=Libcuda(gpus=(P100,)), cupy=_cupy(), wheels=["cupy-cuda12x"])
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    assert _problems(_doctor()) == [(
+        "GPU 0 (Tesla P100-PCIE-16GB) is sm_60, older than sm_70, the oldest arch cek compiles "
+        "for with NVRTC 12.9",
+        "none for this GPU: cek's GPU path needs sm_70 or newer; the CPU path runs here (cek "
+        "check --device cpu, cek.torch on CPU tensors)")]
+
+
+def test_a_gpu_below_the_arch_floor_of_cuda_13s_nvrtc_runs_with_cuda_12s(machine, monkeypatch):
+    machine(libcuda=Libcuda(cuda=13000, gpus=(V100,)), cupy=_cupy(cuda=13000, nvrtc=(13, 0)),
+            wheels=["cupy-cuda13x"], archs=NVRTC_13_0_ARCHS)
+    monkeypatch.setattr(doctor, "run_launches", lambda facts: None)
+    assert _problems(_doctor()) == [(
+        "GPU 0 (Tesla V100-SXM2-16GB) is sm_70, older than sm_75, the oldest arch cek compiles "
+        "for with NVRTC 13.0",
+        "pip uninstall -y cupy-cuda13x nvidia-cuda-nvrtc nvidia-cuda-runtime, then "
+        f"{CUDA12_LINE}: NVRTC 12 compiles for sm_70, and a 13.x driver runs what it compiles")]
+
+
+@pytest.mark.parametrize("torch, problem", [
+    (_torch("2.13.0+cu130", "13.0", devices=0), "torch 2.13.0+cu130 is built for CUDA 13.0, "
+     "newer than the CUDA 12.4 the driver supports: torch.cuda.is_available() is False, "
+     "cek.torch runs on the CPU"),
+    (_torch("2.13.0+cpu", None, devices=0), "torch 2.13.0+cpu is a CPU build: cek.torch runs "
+     "on the CPU"),
+])
+def test_torch_on_the_cpu_while_the_cupy_path_runs_exits_3(machine, monkeypatch, torch, problem):
+    machine(libcuda=Libcuda(cuda=12040), cupy=_cupy(), wheels=["cupy-cuda12x"], torch=torch)
+    ran = []
+    monkeypatch.setattr(doctor, "_cupy_step", lambda dtype: ran.append(dtype) or _same(dtype))
+    result = _doctor()
+    assert ran == ["f32", "f16"]  # torch sees no GPU: the launch goes through CuPy, and runs
+    assert [text for text, _ in _problems(result)] == [problem]
+    assert _lines(result, "verdict") == [
+        "the CuPy path runs on the GPU; cek.torch runs on the CPU: 1 problem"]
+    assert result.exit_code == 3
+    assert result.stderr == ("Error: cek.torch runs on the CPU here, the CuPy path on the GPU: "
+                             "1 problem, each with its fix above\n")
+    assert _doctor("--json").exit_code == 3
+
+
+def test_torch_on_the_cpu_with_a_failed_cupy_launch_exits_1(machine, monkeypatch):
+    machine(libcuda=Libcuda(cuda=12040), cupy=_cupy(), wheels=["cupy-cuda12x"],
+            torch=_torch("2.13.0+cpu", None, devices=0))
+    monkeypatch.setattr(doctor, "_cupy_step", _no_binary)
+    _exits_1_saying(_doctor(), 3)
+
+
+def test_the_help_names_exit_3():
+    result = CliRunner().invoke(doctor.doctor_command, ["--help"], prog_name="cek doctor")
+    assert "3 when the CuPy path runs on the GPU" in " ".join(result.output.split())
+
+
+def test_the_install_trap_is_fixed_without_breaking_torch(machine, monkeypatch):
+    """`pip install '.[cuda12,torch]'` with no torch for CUDA 12 first: torch's default build
+    (CUDA 13) pins nvidia-cuda-nvrtc 13.0.88, which CuPy for CUDA 12 loads. Uninstalling that
+    wheel alone would leave torch without what it pins: torch goes with it, and torch for
+    CUDA 12 brings its own NVRTC 12."""
+    machine(libcuda=Libcuda(cuda=12040), cupy=_cupy(nvrtc=(13, 0)), wheels=["cupy-cuda12x"],
+            torch=_torch("2.13.0+cu130", "13.0", devices=0),
+            pinned={"nvidia-cuda-nvrtc": ["torch"]})
+    nvrtc13 = "/venv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so.13"
+    monkeypatch.setattr(doctor, "loaded_library", lambda stem: nvrtc13)
+    monkeypatch.setattr(doctor, "_cupy_step", _no_binary)
+    result = _doctor()
+    assert _problems(result)[0] == (
+        f"CuPy compiles with NVRTC 13.0 ({nvrtc13}), newer than the CUDA 12.4 the driver "
+        "supports: what it compiles cannot load (torch 2.13.0+cu130 pins nvidia-cuda-nvrtc)",
+        "pip uninstall -y torch nvidia-cuda-nvrtc, then install torch by the command PyTorch's "
+        "install selector gives for CUDA 12.x (its own index: torch's default build is made for "
+        "CUDA 13)")
+    _exits_1_saying(result, 4)  # the NVRTC, torch's CUDA, the two CuPy launches
+
+
+def test_required_by_reads_each_distributions_own_requirements(monkeypatch):
+    def dist(name, *requires):
+        return types.SimpleNamespace(metadata={"Name": name}, requires=list(requires))
+
+    installed = [dist("torch", 'nvidia-cuda-nvrtc==13.0.88; platform_system == "Linux"'),
+                 dist("cek", 'nvidia-cuda-nvrtc>=13.0.88,<13.6; extra == "nvrtc"'),
+                 dist("other", "Nvidia_Cuda.NVRTC>=13"), dist("cu12", "nvidia-cuda-nvrtc-cu12"),
+                 dist("none")]
+    monkeypatch.setattr(doctor.importlib.metadata, "distributions", lambda: installed)
+    assert doctor.required_by("nvidia-cuda-nvrtc") == ["other", "torch"]

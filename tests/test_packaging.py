@@ -73,12 +73,37 @@ def test_no_install_line_brings_an_nvrtc_of_another_cuda(wheel):
     assert {"cuda-bindings", "nvidia-cuda-nvrtc"} == requires["nvrtc"]
 
 
+def _requirement(line: str) -> tuple[str, frozenset]:
+    """A requirement's name and its version specifiers, in any order or spacing."""
+    name, specifiers = re.fullmatch(r"\s*([A-Za-z0-9._-]+)\s*([^;]*?)\s*(;.*)?",
+                                    line).group(1, 2)
+    return name.lower(), frozenset(s.strip() for s in specifiers.split(",") if s.strip())
+
+
+def test_doctors_install_lines_are_the_extras(wheel):
+    """`cek doctor`'s fixes name the packages of the cuda12 and cuda13 extras (a line that
+    works with cek installed as well as in a checkout): the same as the wheel requires."""
+    from cek.doctor import EXTRAS
+
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    for major, lines in EXTRAS.items():
+        extra = {_requirement(r) for r in re.findall(
+            rf"""^Requires-Dist: (.+?;.*extra == ['"]cuda{major}['"].*)$""", text, re.M)}
+        assert {_requirement(line) for line in lines} == extra, major
+
+
 def test_the_readme_install_lines_are_the_ones_ci_runs():
     """Each `pip install '.[...]'` of the README's Install is a line of .ci/driver-only.txt,
-    which installs it on a simulated host with only the driver."""
+    which installs it on a simulated host with only the driver; the 12.x driver's line with
+    PyTorch is torch first, then `'.[cuda12]'`, which cannot bring torch's CUDA 13 build."""
     readme = (ROOT / "README.md").read_text()
     install = readme[readme.index("## Install"):readme.index("\n## ", readme.index("## Install"))]
     shown = set(re.findall(r"pip install '\.\[([\w,]+)\]'", install))
-    ci = {line.split()[2] for line in (ROOT / ".ci" / "driver-only.txt").read_text().splitlines()
-          if line.strip() and not line.startswith("#")}
-    assert shown == ci == {"cuda12", "cuda13", "nvrtc", "cuda12,torch"}
+    lines = [line.split() for line in (ROOT / ".ci" / "driver-only.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert shown == {line[2] for line in lines} == {"cuda12", "cuda13", "nvrtc"}
+    assert ["cuda12", "torch==2.13.0"] in [line[2:] for line in lines]
+    assert "torch" not in {e for line in lines for e in line[2].split(",")}
+    assert "PyTorch's install selector's CUDA 12.x" in " ".join(install.split())
