@@ -3,7 +3,14 @@ launch, before any of them is timed: CuPy keeps each module in its disk cache, w
 processes then find it, so no step's timeout pays NVRTC. scripts/device_check.sh runs it right
 after its preflight.
 
-    python scripts/compile_kernels.py scripts/device_check.sh [--jobs 8] [--list]
+    python scripts/compile_kernels.py scripts/device_check.sh [--jobs N] [--all] [--warm] [--list]
+
+--all compiles, after the bench steps' kernels, every other kernel instance (each class, dtype
+and BLOCK_SIZE): what the gpu test tier launches is among them, whatever widths its tests take.
+--warm, in place of compiling, runs each bench call once in this process at a few rows
+(torch.compile's baselines left out), so that CuPy's own kernels (the baselines' math, cek's
+glue) and torch's are compiled into their caches before any step is timed. --jobs: worker
+processes (default: one a CPU).
 
 The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines: each --kernel (fused
 by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with a split
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import multiprocessing
+import os
 import re
 import shlex
 import sys
@@ -30,6 +38,8 @@ from pathlib import Path
 CEK_TORCH_KERNELS = ("fused", "backward-keep", "forward-rows", "backward-rows")
 CEK_TORCH_SPLIT_KERNELS = ("fused-split", "backward-keep-split", "forward-split",
                            "backward-split")
+# The rows of a warm call: enough for each provider's path, few enough to take no time.
+WARM_ROWS, SPLIT_ROWS = 64, 256
 
 
 def script_lines(script: str) -> list[str]:
@@ -94,6 +104,82 @@ def kernels_for(script: str) -> list:
     return sorted(found, key=lambda kernel: kernel.id)
 
 
+def every_kernel() -> list:
+    """Every kernel instance cek has: each class at each dtype and BLOCK_SIZE, and the
+    reduction at each dtype."""
+    from cek import dtypes
+    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+    from cek.kernel import kernel_classes
+
+    found = {cls.for_n_dim(size, dtype) for cls in kernel_classes().values()
+             for dtype in dtypes.DTYPES for size in cls.block_sizes()}
+    found |= {CosineEmbeddingLossReduce.for_dtype(dtype) for dtype in dtypes.DTYPES}
+    return sorted(found, key=lambda kernel: kernel.id)
+
+
+def selected(script: str, every: bool) -> list:
+    """The script's kernels first (its timed steps need them first), then, with `every`, the
+    rest of every_kernel()."""
+    first = kernels_for(script)
+    return first + ([k for k in every_kernel() if k not in set(first)] if every else [])
+
+
+def warm_calls(script: str) -> list[list[str]]:
+    """`cek bench` arguments that run each bench call of the script at WARM_ROWS rows (its own
+    count up to SPLIT_ROWS: whether a few wide rows split depends on it), repeated once, without
+    torch.compile's baselines (their compiles are the last step's to time), output unused."""
+    calls = []
+    for args in bench_calls(script):
+        args = list(args)
+        for i, arg in enumerate(args[:-1]):
+            value = args[i + 1]
+            if arg == "--n-rows":
+                if value == "auto" or int(value) > SPLIT_ROWS:
+                    args[i + 1] = str(WARM_ROWS)
+            elif arg == "--repeat":
+                args[i + 1] = "1"
+            elif arg == "--baseline":
+                kept = [b for b in value.split(",") if "compile" not in b]
+                args[i + 1] = ",".join(kept) or "none"
+            elif arg == "--plot":
+                args[i:i + 2] = ["", ""]
+        calls.append([a for a in args if a])
+    return calls
+
+
+def warm(script: str) -> int:
+    """Each warm call through `cek bench` in this process; the number that failed."""
+    from cek import bench
+    from cek.cli import main
+
+    # The static figures compile with cek's own NVRTC and cache nothing on disk: no use here.
+    bench.static_figures = lambda *args, **kwargs: None
+    failed = 0
+    for args in warm_calls(script):
+        start = time.perf_counter()
+        try:
+            main(["bench", *args], prog_name="cek", standalone_mode=False)
+            outcome = "warmed"
+        except Exception as exc:  # noqa: BLE001 - a baseline that fails here fails in its step
+            outcome, failed = f"failed: {type(exc).__name__}: {exc}", failed + 1
+        print(f"warm {' '.join(args)}: {outcome} in {time.perf_counter() - start:.1f}s",
+              flush=True)
+    return failed
+
+
+def compile_all(kernels: list, jobs: int) -> int:
+    """Each kernel compiled and loaded by CuPy in `jobs` worker processes, a line each as it
+    finishes; the number that failed."""
+    failed = 0
+    # Workers of their own (spawned: CUDA does not survive a fork), each compiling with CuPy.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for kernel_id, seconds, error in pool.map(_compile, kernels):
+            print(f"{kernel_id}: {error or 'compiled'} in {seconds:.1f}s", flush=True)
+            failed += bool(error)
+    return failed
+
+
 def _compile(kernel) -> tuple[str, float, str]:
     """(id, seconds, error or "") of one CuPy compile and load, in a worker process."""
     from cek import gpu
@@ -106,25 +192,30 @@ def _compile(kernel) -> tuple[str, float, str]:
     return kernel.id, time.perf_counter() - start, ""
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("script", type=Path)
-    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--all", action="store_true", help="every kernel instance too")
+    parser.add_argument("--warm", action="store_true", help="run each bench call once instead")
     parser.add_argument("--list", action="store_true", help="print the kernels, compile none")
-    args = parser.parse_args()
-    kernels = kernels_for(args.script.read_text())
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    script = args.script.read_text()
+    start = time.perf_counter()
+    if args.warm:
+        failed = warm(script)
+        print(f"{len(warm_calls(script)) - failed} of {len(warm_calls(script))} bench calls "
+              f"warmed in {time.perf_counter() - start:.0f}s", flush=True)
+        return 1 if failed else 0
+    kernels = selected(script, args.all)
     if args.list:
         print("\n".join(kernel.id for kernel in kernels))
         return 0
-    start, failed = time.perf_counter(), 0
-    # Workers of their own (spawned: CUDA does not survive a fork), each compiling with CuPy.
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        for kernel_id, seconds, error in pool.map(_compile, kernels):
-            print(f"{kernel_id}: {error or 'compiled'} in {seconds:.1f}s", flush=True)
-            failed += bool(error)
+    failed = compile_all(kernels, args.jobs)
     print(f"{len(kernels) - failed} of {len(kernels)} kernels compiled in "
-          f"{time.perf_counter() - start:.0f}s")
+          f"{time.perf_counter() - start:.0f}s", flush=True)
     return 1 if failed else 0
 
 

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest installed; no downloads),
-# built so that it cannot come back without figures. Results land under $OUT (default ./out):
-#   doctor.txt     `cek doctor`: the driver, the GPU, CuPy, its NVRTC and headers, torch, and
-#                  one fused launch against the CPU path
-#   env.txt        preflight: GPU, C compiler, imports, a tiny CuPy compile + launch, versions
+# One run on a lent GPU machine (CuPy, PyTorch, click, numpy, pytest, pytest-xdist installed; no
+# downloads), built so that it cannot come back without figures. Results land under $OUT
+# (default ./out), each file written as its step goes:
+#   doctor.txt     `cek doctor`: the machine, the driver, the GPU, CuPy, its NVRTC and headers,
+#                  torch, and one fused launch against the CPU path, each line as it is known
+#   env.txt        preflight: what differs from what CI tests (a torch below pyproject.toml's
+#                  floor), GPU, C compiler, imports, a tiny CuPy compile + launch, versions
 #                  (CuPy's NVRTC and cek's among them)
-#   compile.log    every kernel the bench steps launch, compiled by CuPy before any is timed
+#   compile.log    every kernel instance, the bench steps' first, compiled by CuPy in parallel
+#                  on every CPU core into its disk cache, before any step is timed
+#   warm.log       each bench call run once at a few rows: CuPy's own kernels and torch's compiled
 #   steps.log      each step's exit status and seconds ("killed by its timeout" when it was)
 #   tables.txt     every step's table, row by row as timed; bench.log its warnings and failures
-#   gpu_tests.log  the gpu test tier
+#   gpu_tests.log  the gpu test tier, each test's name as it ends (pytest-xdist, -v)
 #   bench.json     every timed row of every step (field "run": the step), merged at the end
-#   bench_fused.png
-# Order, what a first run needs first: cek doctor, the preflight and the compile of every kernel
-# the steps use; cek at the target shapes (fused alone and as a mean, forward, backward, the keep
+#   bench_fused.png  (where matplotlib is installed)
+# Order, what a first run needs first: cek doctor, the preflight, the compile of every kernel and
+# the warm-up; cek at the target shapes (fused alone and as a mean, forward, backward, the keep
 # kernel kept and recomputing, and a training step through cek.torch, eager and from a CUDA
 # graph, beside torch's eager step), and the few wide rows both ways; the gpu tier
 # (its CLI bench test, the slowest, deselected: the steps here run that bench); the baselines and
@@ -21,15 +25,29 @@
 # than the 8-minute budget.
 # `cek bench` writes each row as soon as it is timed, so a step killed by its timeout keeps the
 # rows it timed, and the summary is written whatever the steps did. A step that ignores the
-# timeout's TERM is killed KILL_AFTER_S (5) seconds later. LIMIT_<step>=SECONDS overrides a
+# timeout's TERM is killed KILL_AFTER_S (3) seconds later. LIMIT_<step>=SECONDS overrides a
 # step's timeout; CEK_PYTHON the Python to use.
 #
+# --rehearse runs every step, in order, on a machine without a GPU: each Python command goes
+# through scripts/rehearse.py, which runs it here (cek bench on the CuPy stand-in and the
+# emulator at small shapes, the compile step listing its kernels and timing NVRTC on a few) and
+# fails a step that launches a kernel the compile step did not compile, or whose modelled time
+# on the GPU machine does not fit its timeout (rehearsal.log). Its own steps may take up to
+# REHEARSE_LIMIT_S (240) each here.
+#
 #   bash scripts/device_check.sh            # from the repository root
+#   bash scripts/device_check.sh --rehearse # anywhere, before the GPU run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 PY=${CEK_PYTHON:-python3}
-KILL_AFTER_S=${KILL_AFTER_S:-5}
+KILL_AFTER_S=${KILL_AFTER_S:-3}
+REHEARSE=false
+case "${1:-}" in
+    --rehearse) REHEARSE=true; PY="$PY $PWD/scripts/rehearse.py" ;;
+    "") ;;
+    *) echo "usage: bash scripts/device_check.sh [--rehearse]; not: $1" >&2; exit 2 ;;
+esac
 PARTS=$(mktemp -d)
 mkdir -p "$OUT"
 : >"$OUT/steps.log"
@@ -42,8 +60,13 @@ step() {  # step NAME TIMEOUT COMMAND...: COMMAND under its timeout, its outcome
   local override="LIMIT_$1"
   limit=${!override:-$limit}
   shift 2
+  # Rehearsing, the step's GPU timeout is what its modelled time must fit (CEK_STEP_LIMIT);
+  # the CPU here runs it on the emulator, under a limit of its own.
+  export CEK_STEP=$name CEK_STEP_LIMIT=$limit
+  "$REHEARSE" && limit=${REHEARSE_LIMIT_S:-240}
   timeout -k "$KILL_AFTER_S" "$limit" "$@"
   rc=$?
+  unset CEK_STEP CEK_STEP_LIMIT
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then  # 137: it ignored the TERM and got the KILL
     echo "$name: killed by its ${limit}s timeout after $((SECONDS - start))s" >>"$OUT/steps.log"
   else
@@ -53,14 +76,40 @@ step() {  # step NAME TIMEOUT COMMAND...: COMMAND under its timeout, its outcome
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` step, its rows kept in $PARTS/NAME.json
-  local name=$1 limit=$2
+  local name=$1 limit=$2 args=()
   shift 2
+  while [ $# -gt 0 ]; do  # --plot needs matplotlib; without it the step times its rows still
+    if [ "$1" = --plot ] && [ "$PLOT" = no ]; then shift 2; continue; fi
+    args+=("$1")
+    shift
+  done
   echo "== $name" | tee -a "$OUT/tables.txt" >>"$OUT/bench.log"
-  step "$name" "$limit" $PY -m cek bench "$@" --json-file "$PARTS/$name.json" \
+  step "$name" "$limit" $PY -m cek bench "${args[@]}" --json-file "$PARTS/$name.json" \
       >>"$OUT/tables.txt" 2>>"$OUT/bench.log"
 }
+PLOT=yes
+$PY -c "import matplotlib" 2>/dev/null || PLOT=no
 
 preflight() {  # what the steps need, each missing piece on a line starting MISSING
+  echo "== what differs here from what CI tests (each on a line starting DIFFERS)"
+  $PY - <<'PY'
+import importlib.metadata, pathlib, re
+# The torch floor pyproject.toml claims is the torch CI tests; the image's may be older. What is
+# known to differ on an older torch, by its major.minor, from running cek.torch's suite on it.
+KNOWN = {"2.11": "tests/test_torch_huge_routes.py::test_ordinary_rows_keep_their_bits fails "
+                 "there (6 cases: the forward-mode tangent through the loss, torch.func.jvp, is "
+                 "not the bits of the unscaled formula)"}
+floor = re.search(r'"torch>=([\d.]+)"', pathlib.Path("pyproject.toml").read_text())[1]
+try:
+    version = importlib.metadata.version("torch")
+except importlib.metadata.PackageNotFoundError:
+    version = None
+number = tuple(int(part) for part in re.findall(r"\d+", (version or "").split("+")[0])[:2])
+if version and number < tuple(int(part) for part in floor.split(".")[:2]):
+    known = KNOWN.get(".".join(map(str, number)), "untested: no difference is known")
+    print(f"DIFFERS torch {version} is below torch>={floor}, the floor pyproject.toml claims "
+          f"and CI tests: cek.torch's figures here come from an untested torch; {known}")
+PY
   echo "== nvidia-smi"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm \
@@ -115,16 +164,22 @@ PY
 export -f preflight
 export OUT PY
 
-# cek doctor first: the GPU path's facts, one launch against the CPU path, each problem's fix.
-step doctor 30 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
+# cek doctor first: the GPU path's facts, one launch against the CPU path, each problem's fix,
+# each line written as it is known (a cold torch import, CUDA's start, a few NVRTC compiles and
+# the CPU path's g++ build come before the launch's line).
+step doctor 40 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
 
 # 1. Preflight: a missing piece is named in the first seconds, here and in env.txt.
 step preflight 15 bash -c preflight >"$OUT/env.txt" 2>&1
-grep MISSING "$OUT/env.txt"
+grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 
-# 2. Every kernel the bench steps launch, compiled by CuPy into its disk cache, so that no
-#    timed step waits on NVRTC.
-step compile 42 $PY scripts/compile_kernels.py scripts/device_check.sh >"$OUT/compile.log" 2>&1
+# 2. Every kernel any step launches (every instance: the bench steps' first, then the rest, among
+#    them the gpu tier's), compiled by CuPy on every core into its disk cache, so that no timed
+#    step waits on NVRTC; then each bench call once at a few rows, so that CuPy's own kernels
+#    and torch's are compiled before timing too.
+step compile 40 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
+    >"$OUT/compile.log" 2>&1
+step warm 40 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
 
 # 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
@@ -150,8 +205,9 @@ bench split_256 12 --n-dim 32768 --n-rows 256 $SPLIT --baseline cek-torch,torch
 
 # 4. The gpu tier: kernels, functional API, cek.torch against the float64 reference, and the
 #    mean and sum at 65536x768 launch after launch; not the CLI bench test, which the steps here
-#    run.
-step gpu_tests 80 $PY -m pytest -q -m gpu -p no:cacheprovider tests \
+#    run. In 8 workers, a test file to a worker (the huge-rows tests take GBs each, in turn);
+#    -v: each test's name reaches the log as it ends, so a killed run names where it was.
+step gpu_tests 58 $PY -m pytest -v -n 8 --dist loadfile -m gpu -p no:cacheprovider tests \
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
@@ -170,7 +226,7 @@ bench sweep_fused_bf16 9 $DIMS --n-rows auto --kernel fused --dtype bf16 --repea
 bench sweep_fwd_bwd 9 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 6 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+bench sweep_rows 8 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
     --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
     --repeat 50 --baseline none
 
@@ -196,4 +252,8 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
 print(f"{len(rows)} rows in {sys.argv[2]}")
 PY
 cat "$OUT/steps.log" "$OUT/tables.txt"
+if "$REHEARSE"; then
+  cat "$OUT/rehearsal.log"
+  grep -q FAIL "$OUT/rehearsal.log" && status=1
+fi
 exit $status

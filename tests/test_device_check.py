@@ -28,7 +28,7 @@ from cek.kernel import kernel_classes
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "device_check.sh"
 BUDGET_S = 480
-KILL_AFTER_S = 5  # the script's grace after a step's TERM
+KILL_AFTER_S = 3  # the script's grace after a step's TERM
 
 
 def _compile_kernels():
@@ -66,7 +66,7 @@ def test_the_step_timeouts_fit_the_budget():
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
         'timeout -k "$KILL_AFTER_S" "$limit" "$@"']
     assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
-        "doctor", "preflight", "compile", "gpu_tests"]
+        "doctor", "preflight", "compile", "warm", "gpu_tests"]
     # Every step killed, each with its grace, and the summary: under the budget still.
     assert sum(limit + KILL_AFTER_S for _, _, limit, _ in _steps()) + 10 <= BUDGET_S
 
@@ -104,6 +104,30 @@ def test_preflight_names_each_missing_piece(tmp_path):
     assert f"nvdisasm {sass.find_nvdisasm()}" in lines
 
 
+@pytest.mark.parametrize("torch_version, differs", [("2.11.0+cu130", True), ("2.13.0", False)])
+def test_preflight_says_first_what_differs_from_what_ci_tests(tmp_path, torch_version, differs):
+    # The image's torch (2.11) is below the floor pyproject.toml claims and CI tests: env.txt's
+    # first section says so, with what is known to differ there.
+    plant = tmp_path / "site" / f"torch-{torch_version}.dist-info"
+    plant.mkdir(parents=True)
+    (plant / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_version}\n")
+    done = subprocess.run(["bash", "-c", _function("preflight") + "\npreflight"], cwd=ROOT,
+                          env={**os.environ, "PY": sys.executable,
+                               "PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}"},
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("== what differs here from what CI tests"), done.stdout
+    floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text())[1]
+    found = [line for line in lines if line.startswith("DIFFERS")]
+    if differs:
+        assert lines[1] == found[0] and len(found) == 1, done.stdout
+        assert found[0].startswith(f"DIFFERS torch {torch_version} is below torch>={floor}, ")
+        assert "test_ordinary_rows_keep_their_bits fails there (6 cases" in found[0]
+    else:
+        assert not found and lines[1] == "== nvidia-smi", done.stdout
+
+
 def test_a_step_that_ignores_its_timeout_is_killed(tmp_path):
     # timeout -k: TERM at the limit, KILL KILL_AFTER_S later; steps.log says it was killed.
     script = "\n".join(["status=0", _function("step"),
@@ -127,7 +151,8 @@ def _option(args: list[str], option: str) -> list[str]:
 
 def test_the_steps_come_in_the_order_a_first_run_needs():
     names = [name for _, name, _, _ in _steps()]
-    assert names[:3] == ["doctor", "preflight", "compile"]
+    assert names[:4] == ["doctor", "preflight", "compile", "warm"]
+    del names[3]  # the warm step: cek's steps follow it as they followed the compile
     calls = _bench_calls()
     # cek at the target shapes first, in float32 and bfloat16: the fused kernel (timed alone and
     # as a mean) and the training step through cek.torch, eager and from a CUDA graph, beside
@@ -189,8 +214,28 @@ def test_the_compile_step_covers_every_kernel_the_bench_steps_launch():
                                        "forward-split", "--baseline", "cek-torch"]) == {
         (name, "f32", 1 << 20) for name in ("forward-split", "split-sums", "fused-split",
                                             "backward-keep-split", "backward-split", "reduce")}
-    assert {"cosine_embedding_loss_split_sums__bf16__1024",
-            "cosine_embedding_loss_split_backward_keep__f32__1024"} <= ids
+    assert "cosine_embedding_loss_split_sums__bf16__1024" in ids  # the split steps' pairs
+
+
+def test_the_compile_step_follows_the_split_decision_of_the_model_at_hand(monkeypatch):
+    """Whether cek.torch's step at a few wide rows launches the split's pairs is the model's
+    call (cek.split_model), which can change: the selection asks it at each step's real shape,
+    so it compiles what the steps launch under the model of the day, whichever way it goes."""
+    from cek import cosine_embedding_loss_split as split
+
+    compile_kernels = _compile_kernels()
+    keep = "cosine_embedding_loss_split_backward_keep__f32__1024"
+    asked = set()
+    for verdict in (True, False):
+        def splits(n_rows, n_dim, dtype, verdict=verdict):
+            asked.add((n_rows, n_dim, dtype))
+            return verdict or n_dim > split.ONE_BLOCK_MAX_N_DIM
+
+        monkeypatch.setattr(split, "splits", splits)
+        ids = {k.id for k in compile_kernels.kernels_for(SCRIPT.read_text())}
+        assert (keep in ids) == verdict
+        assert ("cosine_embedding_loss_backward_keep__f32__32768" in ids) != verdict
+    assert {(48, 1 << 20, "f32"), (128, 32768, "bf16"), (256, 32768, "f32")} <= asked
 
 
 @pytest.mark.parametrize("name, limit, args", _bench_calls(), ids=lambda v: v if isinstance(v, str) else "")
@@ -206,6 +251,121 @@ def test_every_bench_call_parses(monkeypatch, tmp_path, name, limit, args):
     result = CliRunner().invoke(main, ["bench", *args, "--json-file", "unused.json"])
     assert result.exit_code == 1, result.output
     assert "no CUDA device" in result.stderr, result.stderr
+
+
+def test_every_kernel_is_compiled_before_the_first_timed_step_and_the_gpu_tier_names_its_tests():
+    """The compile step takes every kernel instance (the gpu tier's whatever its widths) on
+    every core, the warm step runs each bench call before timing, and the gpu tier runs in
+    workers with -v, so a killed run names its last test."""
+    steps = {name: args for _, name, _, args in _steps()}
+    assert "--all" in steps["compile"] and "--jobs" not in steps["compile"]  # one a core
+    assert "--warm" in steps["warm"]
+    compile_kernels = _compile_kernels()
+    every = {k.id for k in compile_kernels.every_kernel()}
+    assert {k.id for k in compile_kernels.selected(SCRIPT.read_text(), True)} == every
+    assert {k.id for k in compile_kernels.kernels_for(SCRIPT.read_text())} <= every
+    assert {"cosine_embedding_loss_fused__f64__1", "cosine_embedding_loss_reduce__f16__1024",
+            "cosine_embedding_loss_backward_rows__bf16__1048576"} <= every
+    assert {"-v", "-n"} <= set(steps["gpu_tests"]) and "-q" not in steps["gpu_tests"]
+    # the warm calls: few rows, once, no torch.compile (its compiles are its own step's figure)
+    for args in compile_kernels.warm_calls(SCRIPT.read_text()):
+        assert all(int(rows) <= 256 for rows in _option(args, "--n-rows"))
+        assert _option(args, "--repeat") == ["1"] and "--plot" not in args
+        assert "compile" not in ",".join(_option(args, "--baseline"))
+
+
+REHEARSE = ROOT / "scripts" / "rehearse.py"
+
+
+@pytest.mark.emulator
+def test_the_rehearsal_fails_a_step_that_launches_a_kernel_not_compiled(tmp_path):
+    """rehearse.py on one bench call whose mean launches the reduction, which the compile
+    step's record lacks: the step fails, naming it."""
+    pytest.importorskip("torch")
+    record = tmp_path / "rehearsal"
+    record.mkdir()
+    fused = kernel_classes()["fused"].for_n_dim(768)
+    (record / "compiled.txt").write_text(fused.id + "\n")
+    (record / "nvrtc_s").write_text("0.5")
+    env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "cek_768", "CEK_STEP_LIMIT": "40",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(REHEARSE), "-m", "cek", "bench", "--n-dim", "768",
+                           "--n-rows", "65536", "--kernel", "fused", "--repeat", "100",
+                           "--baseline", "none"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    log = (tmp_path / "rehearsal.log").read_text()
+    reduce_id = CosineEmbeddingLossReduce.for_n_dim(768, "f32").id
+    assert log.startswith("cek_768: FAIL launched 1 kernels the compile step did not compile: "
+                          f"{reduce_id} "), log
+    # the model: start-up, the reduction compiled in the step and the static figures of fused
+    assert "2 NVRTC compiles x 0.50s" in log
+
+
+def test_the_rehearsal_models_the_gpu_tier_as_its_workers_run_there(tmp_path):
+    """The gpu tier's -n workers each have a core of their own on the GPU machine (16 cores):
+    rehearsed, the command runs with one worker, whose start and collection is the tier's start
+    there, and not with -n workers queueing for this machine's cores."""
+    pytest.importorskip("xdist")
+    (tmp_path / "test_count.py").write_text(
+        "import os, pathlib\n"
+        "def test_count():\n"
+        f"    pathlib.Path({str(tmp_path / 'workers')!r}).write_text(\n"
+        "        os.environ['PYTEST_XDIST_WORKER_COUNT'])\n")
+    env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "gpu_tests", "CEK_STEP_LIMIT": "58",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(REHEARSE), "-m", "pytest", "-v", "-n", "8",
+                           "--dist", "loadfile", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_count.py")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert any("PASSED" in line and line.rstrip().endswith("test_count.py::test_count")  # -v
+               for line in done.stdout.splitlines()), done.stdout
+    assert (tmp_path / "workers").read_text() == "1"
+    log = (tmp_path / "rehearsal.log").read_text()
+    assert log.startswith("gpu_tests: OK (modelled ") and "8 workers on 16 cores" in log, log
+
+
+@pytest.mark.emulator
+@pytest.mark.skipif(os.environ.get("CEK_REHEARSAL") != "1",
+                    reason="the whole rehearsal takes minutes: .ci/rehearse runs it, in a venv "
+                           "of the GPU machine's versions (CEK_REHEARSAL=1)")
+def test_the_rehearsal_runs_every_step_and_each_fits(tmp_path):
+    """`device_check.sh --rehearse`: every step, in order, exit 0, each modelled time within its
+    timeout, every launched kernel compiled first; the summary and the files as on the GPU."""
+    out = tmp_path / "out"
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(SCRIPT), "--rehearse"], env={
+        **os.environ, "OUT": str(out), "CEK_PYTHON": sys.executable}, capture_output=True,
+        text=True, timeout=600)
+    seconds = time.monotonic() - start
+    steps = [line.split(": ", 1) for line in (out / "steps.log").read_text().splitlines()]
+    assert [name for name, _ in steps] == [name for _, name, _, _ in _steps()], done.stderr
+    assert all(re.fullmatch(r"exit 0 after \d+s", outcome) for _, outcome in steps), steps
+    rehearsal = (out / "rehearsal.log").read_text()
+    assert "FAIL" not in rehearsal and done.returncode == 0, rehearsal + done.stderr
+    assert {line.split(":")[0] for line in rehearsal.splitlines()} == \
+        {name for _, name, _, _ in _steps()}
+    assert json.loads((out / "bench.json").read_text())
+    doctor_txt = (out / "doctor.txt").read_text()
+    assert "verdict" in doctor_txt and "Traceback" not in doctor_txt
+    print(f"the rehearsal took {seconds:.0f}s")
+
+
+def test_ci_runs_the_rehearsal_on_the_background_core_and_fails_with_it():
+    """.ci/run: .ci/rehearse after the NVRTC matrix, in the background job whose status CI
+    waits on, its log printed after the main suite's."""
+    run = (ROOT / ".ci" / "run").read_text()
+    job = re.search(r"^\($(.*?)^\) &\nnvrtc=\$!$", run, re.M | re.S)
+    assert job, run
+    lines = [line.strip() for line in job[1].splitlines()]
+    assert '.ci/rehearse > "$logs/rehearse.log" 2>&1 || status=1' in lines
+    assert lines.index('.ci/rehearse > "$logs/rehearse.log" 2>&1 || status=1') > \
+        next(i for i, line in enumerate(lines) if line.startswith(".ci/matrix .ci/nvrtc"))
+    assert 'exit "$status"' in lines
+    assert 'wait "$nvrtc" || status=1' in run and 'cat "$logs/rehearse.log"' in run
+    rehearse = (ROOT / ".ci" / "rehearse").read_text()
+    assert "CEK_REHEARSAL=1 exec .ci/matrix .ci/image.txt" in rehearse
 
 
 # -- the whole script on the stand-in ------------------------------------------------------------
@@ -337,6 +497,10 @@ if __name__ == "__main__":  # CEK_PYTHON in the end-to-end test
     argv = sys.argv[1:]
     if argv[:3] == ["-m", "cek", "bench"]:
         _standin_bench(argv[2:])
+    elif argv[:1] == ["scripts/compile_kernels.py"] and "--warm" in argv:
+        # the calls it would warm, each parsed by the bench test above; rehearse.py runs them
+        print("\n".join(" ".join(args) for args in _compile_kernels().warm_calls(
+            Path(argv[1]).read_text())))
     elif argv[:1] == ["scripts/compile_kernels.py"]:  # what it would compile, on the stand-in
         sys.argv = [*argv, "--list"]
         exec(compile(Path(argv[0]).read_text(), argv[0], "exec"), {"__name__": "__main__"})
@@ -344,6 +508,8 @@ if __name__ == "__main__":  # CEK_PYTHON in the end-to-end test
         print("the gpu tier is not run on the stand-in")
     elif argv[:3] == ["-m", "cek", "doctor"]:  # no GPU here: doctor says so, exit 1
         print("cek doctor is not run on the stand-in")
+    elif argv[:1] == ["-c"]:  # the script's probe for matplotlib
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
     elif argv[:1] == ["-"]:  # the script's inline Python
         sys.argv = argv
         exec(compile(sys.stdin.read(), "<stdin>", "exec"), {"__name__": "__main__"})
