@@ -1,9 +1,11 @@
 """cpu tier: a built wheel carries kernels/ and works when installed without the source tree;
-its dependencies give CuPy the NVRTC of its own CUDA, and CI installs what the README says."""
+its dependencies give CuPy the NVRTC of its own CUDA, and CI installs what the README says. The
+sdist carries the license pyproject.toml names and every file the README links."""
 
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -12,13 +14,43 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _build(kind: str, out: Path) -> Path:
+    """`python -m build --<kind>` of the checkout into `out`; the one file it made."""
+    subprocess.run([sys.executable, "-m", "build", f"--{kind}", "--outdir", str(out), str(ROOT)],
+                   check=True, capture_output=True)
+    (path,) = out.glob("cek-*.whl" if kind == "wheel" else "cek-*.tar.gz")
+    return path
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True)
-    (path,) = out.glob("cek-*.whl")
-    return path
+    return _build("wheel", tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory):
+    """(names in the sdist, relative to its top folder; its LICENSE's text)"""
+    with tarfile.open(_build("sdist", tmp_path_factory.mktemp("sdist"))) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        names = {name.removeprefix(top + "/") for name in tar.getnames()}
+        return names, tar.extractfile(f"{top}/LICENSE").read().decode()
+
+
+def test_the_license_is_the_one_pyproject_names():
+    assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_the_sdist_carries_the_license_and_every_file_the_readme_links(sdist):
+    names, license_text = sdist
+    assert license_text == (ROOT / "LICENSE").read_text()
+    links = set(re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", (ROOT / "README.md").read_text()))
+    assert "CHANGELOG.md" in links  # the parser finds the links it must
+    missing = sorted(link for link in links if link not in names and not any(
+        n.startswith(link.rstrip("/") + "/") for n in names))
+    assert not missing, f"README links files the sdist lacks: {missing}"
 
 
 def test_wheel_carries_every_kernel_source(wheel):
