@@ -41,6 +41,16 @@ class CosineEmbeddingLossBackward(Kernel):
     kind = "backward"
     args = (Arg("dy", "T*", ROW), *ROWS_AND_GRADIENTS)
 
+    @property
+    def min_blocks_from_sm100(self) -> int:
+        """3/4 of an SM's threads where min_blocks asks all of them (32 registers; blocks of 1024
+        threads, which 3/4 does not divide, one an SM: 64): at 32, ptxas for sm_100 and sm_103
+        (NVRTC 13.5) spilled 4 to 28 bytes of the float rows of 8192 and the 16-bit rows of 768
+        and 8192, which sm_80 and sm_90 fit."""
+        if self.min_blocks * self.max_threads < SM_THREADS:
+            return self.min_blocks
+        return max(1, SM_THREADS * 3 // 4 // self.max_threads)
+
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         # Header of the .cu: x1, x2 read and dx1, dx2 written once (a streamed row read
         # twice), y, and a dy a row.
@@ -78,17 +88,12 @@ class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows)
         which at 32 spilled the float row groups and the tailed float and bfloat16 rows on
         sm_80. A recomputed row keeps its one load round, and the bytes in flight an SM stay
         above what Little's law asks (tests/test_static_targets.py)."""
-        # double rows: half, where at 40 registers sm_120 (NVRTC 13.5) took a 16-byte stack
-        share = 2 if dtypes.get(self.dtype).array.itemsize == 8 else 3
+        # Half for double rows and 16-bit row groups (64 registers): at 40, sm_120 (NVRTC 13.5)
+        # took a 16-byte stack for double rows of 768, and 16-bit row groups spilled 8 bytes on
+        # sm_70 (12.9), sm_80 or sm_120 (13.5) by the order of the loop's statements.
+        itemsize = dtypes.get(self.dtype).array.itemsize
+        share = 2 if itemsize == 8 or (itemsize == 2 and self.grouped) else 3
         return min(super().min_blocks, max(1, SM_THREADS * share // 4 // self.max_threads))
-
-    @property
-    def min_blocks_before_sm80(self) -> int:
-        """Half an SM's threads (64 registers) for 16-bit row groups on sm_70, where their
-        narrowing takes an instruction a value: at 40 registers NVRTC 12.9 spilled 8 bytes."""
-        if self.grouped and dtypes.get(self.dtype).array.itemsize == 2:
-            return max(1, SM_THREADS // 2 // self.max_threads)
-        return self.min_blocks
 
     launch_contract = ("the backward-rows kernel's block; grid [G, 1, 1] with 1 <= G <= U, "
                        "the backward-rows kernel's grid (cek's launchers: min(U, min_blocks * "

@@ -143,13 +143,14 @@ __device__ void cosine_embedding_loss_backward_rows(const T* __restrict__ dy, in
     }
 }
 
-// The keep kernel's upstream gradient of row trip + k, widened: 1 (kept) from k = left on, the
-// rows past the block's last. Counted from trip, so that no row index past the last is formed:
-// near n_rows = 2^31 it would not fit an int.
+// The keep kernel's upstream gradient of `row`, widened: 1 (kept) past `last`. Unsigned: a
+// row group's rows past the last may pass 2^31 - 1 (n_rows within a trip of 2^31), which an int
+// would overflow; they stay far below 2^32.
 template <typename T>
 __device__ __forceinline__ CekAcc<T> cek_keep_upstream(const T* __restrict__ dy, int dy_stride,
-                                                       int trip, int k, int left) {
-    return k < left ? cek_widen(cek_upstream(dy, dy_stride, trip + k)) : CekAcc<T>(1);
+                                                       unsigned row, unsigned last) {
+    return row < last ? cek_widen(cek_upstream(dy, dy_stride, static_cast<int>(row)))
+                      : CekAcc<T>(1);
 }
 
 // The loop's own state is a few values (and a row group's one held dy) beside a row's work,
@@ -178,27 +179,24 @@ __device__ void cosine_embedding_loss_backward_keep(const T* __restrict__ dy, in
         // One gradient for every row (a mean's or a sum's), the fused kernel's: nothing to do.
         // Read before the trips (a round of its own): tested inside them, as one block a row
         // does, the check cost a row-group thread a register (8 bytes spilled at 32 at D = 33).
-        if (dy_stride == 0 && cek_keep_upstream(dy, 0, 0, 0, 1) == Acc(1)) return;
+        if (dy_stride == 0 && cek_keep_upstream(dy, 0, 0, 1) == Acc(1)) return;
         // Group g of the block takes rows first + g, first + g + GROUPS, ...: a trip of GROUP
         // of them, lane l holding the dy of the l-th (all of a trip's dy loads in flight
-        // together, coalesced), read by the group with a shuffle. Rows are counted from the
-        // trip's first (k < left), and the loop ends before a step past the last: trip + STEP
-        // and trip + k past `last` overflow an int where n_rows is within STEP of 2^31.
+        // together, coalesced), read by the group with a shuffle. Trips and rows count in
+        // unsigned: past `last` they pass 2^31 - 1 where n_rows is within a trip of 2^31 (an
+        // int would overflow there), never 2^32. A row not live is not read (its int unused).
         constexpr int GROUP = Tiling::GROUP, GROUPS = Tiling::GROUPED_THREADS / GROUP;
-        constexpr int STEP = GROUP * GROUPS;
-        const int group = threadIdx.x / GROUP, lane = threadIdx.x % GROUP;
-        for (int trip = first; trip < last; trip += STEP) {  // uniform
-            const int left = last - trip;
-            const Acc held = cek_keep_upstream(dy, dy_stride, trip, group + lane * GROUPS, left);
+        const unsigned group = threadIdx.x / GROUP, lane = threadIdx.x % GROUP;
+        const unsigned end = static_cast<unsigned>(last);
+        for (unsigned trip = first; trip < end; trip += GROUP * GROUPS) {  // uniform
+            const Acc held = cek_keep_upstream(dy, dy_stride, trip + group + lane * GROUPS, end);
             for (int i = 0; i < GROUP; ++i) {  // every lane of the warp, for the shuffles
-                const int k = group + i * GROUPS;
-                const bool in = k < left;
+                const unsigned row = trip + group + i * GROUPS;
                 const Acc g = __shfl_sync(0xffffffffu, held, i, GROUP);
-                cek_backward_group_row<BLOCK_SIZE, T>(in ? trip + k : trip, in && !(g == Acc(1)),
-                                                      g, scale, x1, x2, y, dx1, dx2, n_dim,
-                                                      margin);
+                cek_backward_group_row<BLOCK_SIZE, T>(static_cast<int>(row),
+                                                      row < end && !(g == Acc(1)), g, scale, x1,
+                                                      x2, y, dx1, dx2, n_dim, margin);
             }
-            if (left <= STEP) break;
         }
     } else {
         // A row after another, its dy first: every thread loads the same value (a broadcast,

@@ -353,7 +353,8 @@ def test_one_instance_a_dtype_with_the_slice_asserted_in_its_entry_point():
     assert "static_assert(CekSplit<cek_bf16>::SLICE == 8192" in entry
     # two blocks an SM from sm_80 on; one on sm_70, where its 16-bit narrowing takes an
     # instruction a value (min_blocks_before_sm80)
-    assert "__launch_bounds__(1024, __CUDA_ARCH__ >= 800 ? 2 : 1)" in entry
+    assert "__launch_bounds__(1024, __CUDA_ARCH__ >= 1000 ? 2 : __CUDA_ARCH__ >= 800 ? 2 : 1)" \
+        in entry
     double = split.CosineEmbeddingLossSplitFused(1024, "f64")
     assert "__launch_bounds__(1024, 1)" in double.entry_point_source
     assert "static_assert(CekSplit<cek_bf16>::SUMS_SLICES == 2" in entry

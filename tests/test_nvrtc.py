@@ -49,33 +49,56 @@ SMOKE = list(_distinct((name, dtype, n_dim) for name in kernel_classes() for dty
 PTXAS_12_0_FUSED_8192 = pytest.mark.xfail(
     nvrtc_version() == (12, 0), strict=True,
     reason="NVRTC 12.0 spills one register of the fused float kernel of BLOCK_SIZE 8192 "
-           "(rows of 4097 to 8192) on sm_80")
+           "(rows of 4097 to 8192) on sm_80 and sm_70")
+
+
+# NVRTC 13.0 (the one torch's CUDA 13 wheels pin) for sm_100 spills 4 to 48 bytes of these, all
+# but the tailed fused row streamed rows at 1024 threads, whose 64 registers are an SM's whole
+# file: no launch bound gives them more. 13.5 fits them all (the main environment's smoke);
+# making them fit on 13.0 takes less state a streamed thread, a kernel change. Strict, so a fix
+# shows.
+PTXAS_13_0_SM100 = pytest.mark.xfail(
+    nvrtc_version() == (13, 0), strict=True,
+    reason="NVRTC 13.0 spills the streamed rows of these kernels (and the tailed float fused "
+           "row) on sm_100")
+SPILLS_13_0_SM100 = {("backward", "f64", 30000), ("backward", "f16", 30000),
+                     ("fused", "f32", 5600), ("fused", "f32", 30000), ("fused", "f64", 30000),
+                     ("backward-rows", "f64", 30000), ("backward-rows", "f16", 30000)}
+
+
+def _case(name, dtype, n_dim, arch):
+    marks = []
+    if (name, dtype) == ("fused", "f32") and arch in ("sm_70", "sm_80") and n_dim in (5600, 8192):
+        marks.append(PTXAS_12_0_FUSED_8192)
+    if arch == "sm_100" and (name, dtype, n_dim) in SPILLS_13_0_SM100:
+        marks.append(PTXAS_13_0_SM100)
+    return pytest.param(name, dtype, n_dim, arch, marks=marks)
 
 
 def _smoke_cases():
     for arch in ("sm_80", "sm_90"):
         for name, dtype, n_dim in SMOKE:
-            tight = (name, dtype, arch) == ("fused", "f32", "sm_80") and n_dim in (5600, 8192)
-            yield pytest.param(name, dtype, n_dim, arch,
-                               marks=[PTXAS_12_0_FUSED_8192] if tight else [])
+            yield _case(name, dtype, n_dim, arch)
 
 
-# The archs users have beyond sm_80 and sm_90, one for each NVRTC of .ci/nvrtc-matrix.txt so
-# that the matrix's time grows by one arch a line: the oldest each CUDA line knows (sm_70 for 12,
-# below sm_80: the 16-bit narrowing one value at a time, kernels/cek_types.cuh; sm_75 for 13.0)
-# and the newest (sm_120, on the newest NVRTC, the main environment's).
-USERS_ARCHS = {(12,): "sm_70", (13, 0): "sm_75", (13,): "sm_120"}
+# The archs users have beyond sm_80 and sm_90, spread over the NVRTCs of .ci/nvrtc-matrix.txt so
+# that each line's time grows by one or two archs: the oldest each CUDA line knows (sm_70 for 12,
+# below sm_80: the 16-bit narrowing one value at a time, kernels/cek_types.cuh; sm_75 for 13.0),
+# Ampere's and Ada's consumer parts (sm_86, sm_89), Blackwell's (sm_100 on 13.0, sm_120 on the
+# newest NVRTC, the main environment's).
+USERS_ARCHS = {(12, 0): ("sm_70", "sm_86"), (12, 9): ("sm_70", "sm_89"),
+               (13, 0): ("sm_75", "sm_100"), (12,): ("sm_70",), (13,): ("sm_120",)}
 
 
-def _users_arch() -> str:
+def _users_archs() -> tuple[str, ...]:
     version = nvrtc_version()
     return USERS_ARCHS.get(version) or USERS_ARCHS[version[:1]]
 
 
 def _users_arch_cases():
-    arch = _users_arch()
-    for name, dtype, n_dim in SMOKE:
-        yield pytest.param(name, dtype, n_dim, arch)
+    for arch in _users_archs():
+        for name, dtype, n_dim in SMOKE:
+            yield _case(name, dtype, n_dim, arch)
 
 
 @pytest.mark.parametrize("name, dtype, n_dim, arch",
