@@ -4,12 +4,20 @@ Each tier skips with a reason when what it needs is absent, never silently.
 """
 
 import shutil
+import signal
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 CONSTRAINTS = Path(__file__).resolve().parent.parent / ".ci" / "constraints.txt"
+
+
+def sigint_as_a_terminal_sends_it():
+    """preexec_fn of a child a test sends SIGINT to: SIGINT's default action, as a terminal's
+    Ctrl-C finds it. A test run started as a shell's background job inherits SIGINT ignored, and
+    Python leaves an ignored SIGINT ignored: the child would never see the interrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _gpu_count() -> int:

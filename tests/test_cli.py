@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import cek
+from conftest import sigint_as_a_terminal_sends_it
 from cek.cli import KERNEL_NAMES, main
 from cek.kernel import kernel_classes
 
@@ -540,7 +541,8 @@ def _interrupted_while_importing(module: str, args: list[str], tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}",
            "CEK_TEST_BLOCKED_IMPORT": module}
     child = subprocess.Popen([command, *args], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=sigint_as_a_terminal_sends_it)
     try:
         assert child.stdout.readline() == "blocked\n", child.communicate(timeout=60)
         child.send_signal(signal.SIGINT)

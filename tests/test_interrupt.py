@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import sigint_as_a_terminal_sends_it
 
 pytestmark = pytest.mark.emulator
 
@@ -63,7 +64,8 @@ GUARD_S = 600
 def test_sigint_stops_a_long_launch_and_the_next_launch_works():
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+                             env={**os.environ, "PYTHONPATH": str(REPO)},
+                             preexec_fn=sigint_as_a_terminal_sends_it)
     guard = threading.Timer(GUARD_S, child.kill)
     guard.start()
     try:
