@@ -13,6 +13,17 @@ import pytest
 CONSTRAINTS = Path(__file__).resolve().parent.parent / ".ci" / "constraints.txt"
 
 
+def script_module(name: str):
+    """scripts/<name>.py as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sigint_as_a_terminal_sends_it():
     """preexec_fn of a child a test sends SIGINT to: SIGINT's default action, as a terminal's
     Ctrl-C finds it. A test run started as a shell's background job inherits SIGINT ignored, and

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import kernel_classes
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "device_check.sh"
@@ -33,13 +34,7 @@ KILL_AFTER_S = 3  # the script's grace after a step's TERM
 
 def _compile_kernels():
     """scripts/compile_kernels.py as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("compile_kernels",
-                                                  ROOT / "scripts" / "compile_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("compile_kernels")
 
 
 def _lines() -> list[str]:

@@ -2,23 +2,19 @@
 scripts/device_results.py turns a device_check.sh output folder into benchmarks/results/ and the
 table of benchmarks/README.md, on a planted folder of a first run that lost steps."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "NVIDIA H200"
 
 
 def _results():
-    spec = importlib.util.spec_from_file_location("device_results",
-                                                  ROOT / "scripts" / "device_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("device_results")
 
 
 def _row(run, kernel="fused", provider="cek", static=True, **fields):
