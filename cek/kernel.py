@@ -23,6 +23,7 @@ from cek.sources import load_kernel_source
 # Mirrors of the constants in kernels/cek_row.cuh.
 WARP = 32
 MAX_THREADS = 1024
+TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: float rows of 513 elements and up
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
 GROUPED_THREADS = 256
@@ -114,7 +115,7 @@ class Kernel:
         "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
         "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
         "with threads * VEC * CHUNKS >= n_dim, CHUNKS = max(1, BLOCK_SIZE/VEC/1024), at least "
-        "2 for float from BLOCK_SIZE 4096, but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 "
+        "2 for float from BLOCK_SIZE 1024, but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 "
         "(not double; a thread then holds one element past its chunks); 1024 above BLOCK_SIZE "
         "16384 (8192 for double), where the row is streamed"
     )
@@ -316,11 +317,12 @@ class Kernel:
     @property
     def chunks_per_thread(self) -> int:
         """CekTiling::CHUNKS: BLOCK_SIZE/VEC/1024, at least 1, and at least 2 for float rows of
-        1024 chunks or more (blocks of at most 512 threads, four or more an SM)."""
+        256 chunks or more (BLOCK_SIZE >= 1024: twice the bytes in flight a thread, the row's
+        once-a-thread work spread over twice the bytes; kernels/cek_row.cuh)."""
         if self.streamed:
             return 1
         least = 2 if dtypes.get(self.dtype).array.itemsize == 4 and \
-            self.row_chunks >= MAX_THREADS else 1
+            self.row_chunks >= TWO_PAIRS_FROM_CHUNKS else 1
         return max(least, self.row_chunks // MAX_THREADS)
 
     @property

@@ -9,9 +9,10 @@
 //   * register path, ROW_CHUNKS <= 4096 (2048 for 2-byte T, whose conversions need registers
 //     too; either way rows of up to 16384 elements, 8192 doubles): one block per row; each
 //     thread holds CHUNKS = max(1, ROW_CHUNKS / 1024) chunks (at least 2 for float rows of
-//     1024 chunks and more) in registers between the reduction and the gradient write, so x1
-//     and x2 are read once. blockDim.x is the launcher's choice: the smallest
-//     multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 192 threads),
+//     256 chunks and more, BLOCK_SIZE >= 1024) in registers between the reduction and the
+//     gradient write, so x1 and x2 are read once. blockDim.x is the launcher's choice: the
+//     smallest multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 96
+//     threads),
 //     but 672 where that is 704 or 736 at BLOCK_SIZE 8192 (CekTiling::TAILED): a thread then
 //     holds one element past its chunks.
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
@@ -32,6 +33,9 @@
 
 constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
+// Float rows of this many chunks or more (BLOCK_SIZE >= 1024: 513 floats and up) take at least
+// two chunk pairs a thread (CekTiling::MIN_CHUNKS).
+constexpr int CEK_TWO_PAIRS_FROM_CHUNKS = 256;
 constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 // Row groups take rows of at most 256 elements too: a 16-bit lane holding two chunk pairs needs
 // 56 registers (half the SM's threads), where one block per row of 257..512 halves runs 64
@@ -39,6 +43,10 @@ constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 constexpr int CEK_MAX_GROUPED_SIZE = 256;
 constexpr int CEK_MAX_BLOCK_SIZE = 1 << 20;
 constexpr int CEK_GROUPED_THREADS = 256;
+
+__host__ __device__ constexpr int cek_pow2_at_least(int n) {
+    return n <= 1 ? 1 : 2 * cek_pow2_at_least((n + 1) / 2);
+}
 
 template <int BLOCK_SIZE, typename T>
 struct CekTiling {
@@ -51,11 +59,20 @@ struct CekTiling {
     static constexpr bool STREAMED = ROW_CHUNKS > MAX_REGISTER_CHUNKS;
     static constexpr bool GROUPED =
         ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS && BLOCK_SIZE <= CEK_MAX_GROUPED_SIZE;
-    // Float rows of 1024 chunks (2049..4096 floats) take two chunk pairs a thread, at most 512
-    // threads a block: with one pair, blocks of 683..1023 threads fit two an SM (67-100%;
-    // D = 3072: 75%), with two, blocks of 257..512 threads fit four to seven (81-100%) at the
-    // 32 registers two float pairs fit since the huge-row path reads the row again.
-    static constexpr int MIN_CHUNKS = sizeof(T) == 4 && ROW_CHUNKS >= CEK_MAX_THREADS ? 2 : 1;
+    // Float rows of 256 chunks and more (513 floats and up) take two chunk pairs a thread, at the
+    // 32 registers two float pairs fit since the huge-row path reads the row again:
+    //  - 1024 chunks (2049..4096 floats): at most 512 threads a block. With one pair, blocks of
+    //    683..1023 threads fit two an SM (67-100%; D = 3072: 75%), with two, blocks of 257..512
+    //    threads fit four to seven (81-100%).
+    //  - 256 and 512 chunks (513..2048 floats): a thread has 64 bytes in flight where one pair
+    //    gave it 32, and the row's once-a-thread work (the block's sums, the cosine, the
+    //    labels) is spread over twice the bytes. At D = 768 on sm_90: 96 threads a block, 21
+    //    an SM (98%), 126 KB in flight an SM where 192 threads had 60 KB, 2.5 instructions a
+    //    byte where they issued 3.9 (`cek compile --report`).
+    // Not 16-bit rows: two pairs there take 56 to 64 registers (ptxas keeps the widened
+    // values through the block's reduction), half an SM's threads, at the same bytes in flight.
+    static constexpr int MIN_CHUNKS =
+        sizeof(T) == 4 && ROW_CHUNKS >= CEK_TWO_PAIRS_FROM_CHUNKS ? 2 : 1;
     static constexpr int CHUNKS =
         STREAMED ? 1
                  : ROW_CHUNKS / CEK_MAX_THREADS > MIN_CHUNKS ? ROW_CHUNKS / CEK_MAX_THREADS
@@ -68,6 +85,9 @@ struct CekTiling {
     static constexpr int THREADS =
         STREAMED ? CEK_MAX_THREADS
                  : (ROW_CHUNKS / CHUNKS + CEK_WARP - 1) / CEK_WARP * CEK_WARP;
+    // The most warps a block of this tiling has, rounded up to a power of two: the block
+    // reduction's second shuffle levels (cek_block_sum).
+    static constexpr int WARPS = cek_pow2_at_least(THREADS / CEK_WARP);
     // Blocks of 673..767 threads fit only two an SM (66-75% of its 2048 threads). Where a row
     // would take 704 or 736 (5377..5888 floats or 16-bit values, BLOCK_SIZE 8192, 32 registers
     // a thread) it runs TAIL_THREADS, three an SM (98%), and each thread holds one element of
@@ -208,18 +228,27 @@ __device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
 // loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
 // only commutes operands), so all threads hold the same bits, run after run. A second call
 // must pass a barrier after the first: the shared array is not protected against reuse.
-template <typename Acc>
+//
+// WARPS, a power of two, bounds the block's warps at compile time (CekTiling::WARPS): each
+// aligned group of WARPS lanes reads every partial, so log2(WARPS) shuffle levels give every
+// lane the totals. Five levels over 32 lanes, the partials past the block's warps zeros, add
+// the same numbers in the same order, and a block of four warps (a 768-wide float row) paid
+// three levels, 9 shuffles and 9 adds a thread, for nothing.
+template <int WARPS = CEK_MAX_THREADS / CEK_WARP, typename Acc>
 __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
+    static_assert(WARPS >= 1 && WARPS <= CEK_WARP && (WARPS & (WARPS - 1)) == 0,
+                  "WARPS must be a power of two of at most 32");
     v = cek_group_sum<CEK_WARP>(v);
     const int n_warps = blockDim.x / CEK_WARP;
-    if (n_warps == 1) return v;
+    if (WARPS == 1 || n_warps == 1) return v;
     __shared__ CekSums<Acc> partial[CEK_MAX_THREADS / CEK_WARP];
     const int lane = threadIdx.x % CEK_WARP;
     if (lane == 0) partial[threadIdx.x / CEK_WARP] = v;
     __syncthreads();
     CekSums<Acc> total = {0, 0, 0};
-    if (lane < n_warps) total = partial[lane];
-    return cek_group_sum<CEK_WARP>(total);
+    const int slot = lane % WARPS;
+    if (slot < n_warps) total = partial[slot];
+    return cek_group_sum<WARPS>(total);
 }
 
 // A chunk widened to the accumulation type; bfloat16 two at a time (CekType::to_acc2).
@@ -623,7 +652,9 @@ __device__ __forceinline__ void cek_element_gradients(const T* __restrict__ x1,
     }
 }
 
-template <typename T>
+// WARPS: the block's cek_block_sum bound, the same as the ordinary path's, so that both share
+// one array of partials in shared memory (each bound is an array of its own).
+template <int WARPS, typename T>
 __device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_huge_cosine(CekSums<CekAcc<T>> s,
                                                                       const T* __restrict__ x1,
                                                                       const T* __restrict__ x2,
@@ -631,7 +662,7 @@ __device__ __forceinline__ CekCosine<CekAcc<T>> cek_block_huge_cosine(CekSums<Ce
     const CekAcc<T> s1 = cek_scale_for(s.sq1), s2 = cek_scale_for(s.sq2);
     s = cek_element_sums(x1, x2, n_dim, s1, s2);
     __syncthreads();  // every warp has read the first sums' partials
-    return cek_scaled_cosine(cek_block_sum(s), s1, s2);
+    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);
 }
 
 // A tailed row's elements past the chunks (CekTiling::TAILED): thread t holds element
@@ -718,10 +749,11 @@ __device__ __forceinline__ auto cek_block_row(CekRowPair<CekTiling<BLOCK_SIZE, T
     } else {
         s = cek_load_block_row<BLOCK_SIZE>(rp, x1, x2, n_dim, vec, loaded);
     }
-    s = cek_block_sum(s);
+    s = cek_block_sum<CekTiling<BLOCK_SIZE, T>::WARPS>(s);
     if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});
     CEK_RARE_PATH();  // a huge row
-    return finish(cek_block_huge_cosine(s, x1, x2, n_dim), CekFlag<true>{});
+    return finish(cek_block_huge_cosine<CekTiling<BLOCK_SIZE, T>::WARPS>(s, x1, x2, n_dim),
+                  CekFlag<true>{});
 }
 
 // Writes this block's row of dx1, dx2: from registers, or read again on the streamed path and

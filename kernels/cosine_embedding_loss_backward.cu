@@ -14,7 +14,7 @@
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
 // at most 2^20. With VEC = 16 / sizeof(T) elements per chunk and ROW_CHUNKS = BLOCK_SIZE / VEC:
 // up to 4096 chunks, blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * VEC >=
-// n_dim, CHUNKS = max(1, ROW_CHUNKS / 1024), and at least 2 for float from 1024 chunks (2049..4096
+// n_dim, CHUNKS = max(1, ROW_CHUNKS / 1024), and at least 2 for float from 256 chunks (513..4096
 // floats: at most 512 threads), but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 in float
 // and 16-bit types (CekTiling::TAILED); above, 1024 threads stream the row (cek_row.cuh).
 //

@@ -86,11 +86,11 @@ def test_arch_is_validated():
 
 
 class _MisTiled(cek.CosineEmbeddingLossFused):
-    """Launches two chunks per thread where CekTiling holds one: a mirror out of step."""
+    """Launches one chunk more per thread than CekTiling holds: a mirror out of step."""
 
     @property
     def chunks_per_thread(self):
-        return 2
+        return super().chunks_per_thread + 1
 
 
 def test_compiler_refuses_a_tiling_mirror_out_of_step():

@@ -129,9 +129,11 @@ def test_next_power_of_two(n, want):
     assert cek.CosineEmbeddingLossBackward.for_n_dim(n).block_size == want
 
 
-# Float rows of 2049..4096 take two chunk pairs a thread (at most 512 threads, four blocks an SM)
-@pytest.mark.parametrize("n_dim, threads", [(1, 32), (33, 32), (128, 32), (129, 64), (768, 192),
-                                            (769, 224), (1000, 256), (2048, 512), (2049, 288),
+# Float rows of 513 and more take two chunk pairs a thread (at most 512 threads a block up to
+# 4096, four blocks an SM); up to 512, one.
+@pytest.mark.parametrize("n_dim, threads", [(1, 32), (33, 32), (128, 32), (129, 64), (512, 128),
+                                            (513, 96), (768, 96), (769, 128), (1000, 128),
+                                            (1024, 128), (1025, 160), (2048, 256), (2049, 288),
                                             (3072, 384), (4096, 512), (4097, 544),
                                             (16384, 1024)])
 @pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossForward])
@@ -169,7 +171,7 @@ def test_rows_past_16384_are_streamed_by_1024_threads(n_dim):
 
 
 @pytest.mark.parametrize("dtype, register_limit, threads_768, bytes_per_element", [
-    ("f32", 16384, 192, 4), ("f64", 8192, 384, 8), ("f16", 16384, 96, 2), ("bf16", 16384, 96, 2)])
+    ("f32", 16384, 96, 4), ("f64", 8192, 384, 8), ("f16", 16384, 96, 2), ("bf16", 16384, 96, 2)])
 def test_tiling_follows_the_element_size(dtype, register_limit, threads_768, bytes_per_element):
     cls = cek.CosineEmbeddingLossBackward
     assert not cls.for_n_dim(register_limit, dtype).streamed

@@ -40,18 +40,19 @@ def plant(monkeypatch):
         cache.cache_clear()
 
 
-# Rows of 768 floats: blocks of 192 threads (6 warps). With 40 registers a warp takes 1280 of a
-# sub-partition's 16384, so 12 warps a sub-partition, 48 an SM: 8 blocks by registers.
-#   T4: 1024 threads = 32 warps, 5 blocks of 6 warps: 5 an SM, 200 on 40 SMs.
-#   H100: 64 warps, 10 blocks by threads, 8 by registers: 8 an SM, 1056 on 132 SMs.
-# With 32 registers (16 warps a sub-partition, 64 an SM: 10 blocks) the H100 holds 10: 1320.
-@pytest.mark.parametrize("props, registers, grid", [(T4, 40, 200), (H100, 40, 1056),
-                                                    (H100, 32, 1320), (T4, 32, 200)],
+# Rows of 768 floats: blocks of 96 threads (3 warps of two chunk pairs a thread). With 40
+# registers a warp takes 1280 of a sub-partition's 16384, so 12 warps a sub-partition, 48 an SM:
+# 16 blocks by registers.
+#   T4: 1024 threads = 32 warps, 10 blocks of 3 warps: 10 an SM (its limit is 16), 400 on 40 SMs.
+#   H100: 64 warps, 21 blocks by threads, 16 by registers: 16 an SM, 2112 on 132 SMs.
+# With 32 registers (16 warps a sub-partition, 64 an SM: 21 blocks) the H100 holds 21: 2772.
+@pytest.mark.parametrize("props, registers, grid", [(T4, 40, 400), (H100, 40, 2112),
+                                                    (H100, 32, 2772), (T4, 32, 400)],
                          ids=["t4-40", "h100-40", "h100-32", "t4-32"])
 def test_the_keep_kernels_grid_is_one_wave_of_the_device(plant, props, registers, grid):
     plant(props, num_regs=registers, shared_size_bytes=256)
     kernel = kernel_classes()["backward-keep"].for_n_dim(768, "f32")
-    assert gpu.launch_config(kernel, 1 << 20, 768) == ((grid, 1, 1), (192, 1, 1), 0)
+    assert gpu.launch_config(kernel, 1 << 20, 768) == ((grid, 1, 1), (96, 1, 1), 0)
 
 
 def test_a_block_of_1024_threads_is_one_an_sm75_sm(plant):
@@ -73,12 +74,12 @@ def test_shared_memory_can_bind(plant):
 
 def test_without_the_functions_registers_the_launch_bounds_promise_bounds_them(plant):
     # A stand-in function that does not say its registers: __launch_bounds__' min_blocks stands
-    # for them, within what the SM's threads allow (5 on a T4).
+    # for them, within what the SM's threads allow (10 blocks of 96 on a T4).
     plant(H100)
     kernel = kernel_classes()["backward-keep"].for_n_dim(768, "f32")
     assert gpu.launch_config(kernel, 1 << 20, 768)[0] == (kernel.min_blocks * 132, 1, 1)
     plant(T4)
-    assert gpu.launch_config(kernel, 1 << 20, 768)[0] == (min(kernel.min_blocks, 5) * 40, 1, 1)
+    assert gpu.launch_config(kernel, 1 << 20, 768)[0] == (min(kernel.min_blocks, 10) * 40, 1, 1)
 
 
 def test_a_small_problem_takes_a_block_a_row_group(plant):
