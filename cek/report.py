@@ -31,9 +31,17 @@ class Gpu:
     copy_bytes_per_s: float   # what a device-to-device copy moves, read and written
     loaded_latency_s: float   # a global load's wait on DRAM while the GPU streams
     l2_bytes: int
+    sm_clock_hz: float        # the SMs' clock while the GPU streams
+
+    @property
+    def issue_per_s(self) -> float:
+        """Thread instructions a second the whole GPU issues: each SM's four schedulers issue a
+        warp instruction a cycle each (sm_80, sm_90), 128 threads' worth."""
+        return self.sms * SM_ISSUE_PER_CYCLE * self.sm_clock_hz
 
 
 MB = 1 << 20
+SM_ISSUE_PER_CYCLE = 128
 # Where each figure comes from. SMs: the A100 and H100 architecture whitepapers (108 and 132; H200
 # is the same GH100 part as H100 SXM, with HBM3e). Peaks: NVIDIA's datasheets ("NVIDIA A100
 # Tensor Core GPU": 2,039 GB/s for the 80GB SXM; "NVIDIA H100 Tensor Core GPU": 3.35 TB/s for H100
@@ -45,13 +53,15 @@ MB = 1 << 20
 #   estimate, to replace with one measured on the GPU.
 #   A100 and H100, estimates: a copy at 90% of the datasheet's peak, the share the H200's
 #   reaches, and the H200's 700 ns; replace them when a copy and a latency run on those GPUs.
+# SM clocks: the datasheets' boost clocks, 1410 MHz on A100 and 1980 MHz on H100 SXM and H200,
+# which a GPU streaming memory holds (well under its power limit); an estimate until one is read.
 GPUS = {
     "a100": Gpu("A100 80GB SXM", "sm_80", 108, 2.039e12, copy_bytes_per_s=1.8e12,
-                loaded_latency_s=700e-9, l2_bytes=40 * MB),
+                loaded_latency_s=700e-9, l2_bytes=40 * MB, sm_clock_hz=1.41e9),
     "h100": Gpu("H100 SXM", "sm_90", 132, 3.35e12, copy_bytes_per_s=3.0e12,
-                loaded_latency_s=700e-9, l2_bytes=50 * MB),
+                loaded_latency_s=700e-9, l2_bytes=50 * MB, sm_clock_hz=1.98e9),
     "h200": Gpu("H200", "sm_90", 132, 4.8e12, copy_bytes_per_s=4.3e12,
-                loaded_latency_s=700e-9, l2_bytes=60 * MB),
+                loaded_latency_s=700e-9, l2_bytes=60 * MB, sm_clock_hz=1.98e9),
 }
 
 
@@ -156,12 +166,18 @@ def static_row(kernel: Kernel, n_rows: int, n_dim: int, *, arch: str = "sm_90",
         "loaded_latency_s": spec.loaded_latency_s, "l2_bytes": spec.l2_bytes,
         "needed_bytes_in_flight_per_sm": little_bytes_per_sm(spec),
         "sass_missing": missing, "sass": None, "instructions_per_byte": None,
+        "instructions_per_dram_byte": None, "issue_share_at_copy_rate": None,
         "bytes_in_flight_per_sm": None, "reduction": None,
     }
     if facts is not None:
         moved = facts["load_bytes"] + facts["store_bytes"]
         row["sass"] = json.loads(json.dumps(facts))  # a copy the caller may change
         row["instructions_per_byte"] = facts["instructions"] / moved if moved else None
+        per_byte = instructions_per_dram_byte(kernel, facts, blocks * threads, n_rows, n_dim,
+                                              launch)
+        if per_byte is not None:
+            row["instructions_per_dram_byte"] = per_byte
+            row["issue_share_at_copy_rate"] = per_byte * spec.copy_bytes_per_s / spec.issue_per_s
         row["bytes_in_flight_per_sm"] = bytes_in_flight(facts, threads, rows_in_flight,
                                                         row["resident_blocks_per_sm"])
         if reduces(kernel, facts):
@@ -243,6 +259,26 @@ def resident_blocks(grid_blocks: int, blocks_per_sm: int, sms: int) -> int:
     return min(blocks_per_sm, math.ceil(grid_blocks / sms))
 
 
+def instructions_per_dram_byte(kernel: Kernel, facts: dict, threads: int, n_rows: int,
+                               n_dim: int, launch: tuple | None) -> float | None:
+    """Instructions the launch's `threads` issue, over the DRAM bytes it moves (the kernel's
+    bytes_moved): what sets the share of the GPU's issue slots that moving them at the copy rate
+    takes (`issue%`). Where instructions_per_byte divides by the bytes one thread's loads and
+    stores name, this counts a row's label, upstream gradient and loss once a row, as DRAM moves
+    them, not once for each thread that names them.
+
+    None where the ordinary path loops over global loads (a streamed row, a wave grid's rows, a
+    reduction): each instruction of the path counts once, where a loop issues its body once a
+    trip. None too for a launch given by the caller, or a kernel without a bytes formula."""
+    if launch is not None or facts["loop_bytes_in_flight"]:
+        return None
+    try:
+        moved = kernel.bytes_moved(n_rows, n_dim)
+    except NotImplementedError:
+        return None
+    return facts["instructions"] * threads / moved if moved else None
+
+
 def bytes_in_flight(facts: dict, threads: int, rows_in_flight: int, blocks: int) -> int:
     """Global-load bytes an SM has in flight before its threads' first wait, `blocks` resident.
 
@@ -294,6 +330,8 @@ COLUMNS = [
     ("int", _fmt_sass("int_alu")),
     ("instr/B", lambda r: "-" if r["instructions_per_byte"] is None
      else f"{r['instructions_per_byte']:.2f}"),
+    ("issue%", lambda r: "-" if r["issue_share_at_copy_rate"] is None
+     else f"{100 * r['issue_share_at_copy_rate']:.0f}"),
     ("inflight/SM", lambda r: "-" if r["bytes_in_flight_per_sm"] is None
      else _kib(r["bytes_in_flight_per_sm"])),
     ("need/SM", lambda r: _kib(r["needed_bytes_in_flight_per_sm"])),

@@ -511,13 +511,13 @@ def test_static_row_is_one_json_row_with_every_fact():
     kernel = kernel_classes()["fused"].for_n_dim(768)
     row = report.static_row(kernel, 65536, 768, arch="sm_90", gpu="h200")
     assert json.loads(json.dumps(row)) == row
-    assert row["grid"] == [65536, 1, 1] and row["block"] == [192, 1, 1]
-    assert row["sass"]["loads"] == {"32": 2, "128": 2}  # y, dy; x1, x2: a 16-byte chunk each
-    # two 16-byte chunks + y[row] + dy[row], all issued before the first use (one round)
-    assert row["sass"]["first_round_bytes"] == 2 * 16 + 4 + 4
+    assert row["grid"] == [65536, 1, 1] and row["block"] == [96, 1, 1]
+    assert row["sass"]["loads"] == {"32": 2, "128": 4}  # y, dy; x1, x2: two 16-byte chunks each
+    # four 16-byte chunks + y[row] + dy[row], all issued before the first use (one round)
+    assert row["sass"]["first_round_bytes"] == 4 * 16 + 4 + 4
     assert row["sass"]["first_round_narrow_bytes"] == 4 + 4
     assert row["rows_per_block"] == 1
-    assert row["bytes_in_flight_per_sm"] == row["blocks_per_sm"] * (32 * 192 + 8)
+    assert row["bytes_in_flight_per_sm"] == row["blocks_per_sm"] * (64 * 96 + 8)
     assert row["reduction"] is None  # it writes the rows' losses; a mean is another launch
     assert (row["sass"]["all_fences"], row["sass"]["all_atomics"]) == (0, 0)
 
@@ -752,8 +752,11 @@ def test_cli_report_rejects_bad_n_rows():
 # changes a fact updates its entry here, from the report's output. Checked by hand against the
 # SASS when pinned: the narrow loads are y[row] and dy[row] (2x32; the forward kernels read y
 # only, double reads them as 64-bit), every chunk of x1 and x2 is one LDG.E.128 issued with them
-# (rounds 1), and the block reduction's 30 shuffles are two warp sums of 3 values in 5 steps
-# each (60 in double, two a value; a row group of 32 lanes does one: 15). At BLOCK_SIZE 8192 in
+# (rounds 1), and the block reduction's shuffles are two warp sums of 3 values, the first in 5
+# steps and the second in log2 of the block's most warps rounded up to a power of two
+# (CekTiling::WARPS): 30 at 512 threads and more, 21 at 768 floats (96 to 128 threads: 2 steps),
+# twice as many in double, two a value (a row group of 32 lanes does one: 15). `issue%` is the
+# share of the H200's issue slots the launch takes to move its bytes at the copy rate. At BLOCK_SIZE 8192 in
 # float and 16-bit types (CekTiling::TAILED, 5888 runs 672 threads) a thread also loads and stores
 # one element of x1, x2 past its chunks (2x32 or 2x16 more), at D = 8192 too, where no thread has
 # one: the kernel is the same. backward-keep reads dy first, to know whether to read
@@ -763,54 +766,54 @@ def test_cli_report_rejects_bad_n_rows():
 # fallbacks, the huge-row branches, the trap after EXIT); no kernel runs a fence or an atomic
 # (`fence/atom`, every block): a mean or sum is a launch of its own (REDUCE_FACTS).
 FACT_COLUMNS = ("regs", "occ%", "limit", "waves", "ldg", "stg", "shfl", "bar", "rounds", "instr",
-                "int", "inflight/SM", "rare", "fence/atom")
+                "int", "issue%", "inflight/SM", "rare", "fence/atom")
 KERNEL_FACTS = {
-    ("fused", "f32", 768): (31, "94", "registers+warps", "49.65", "2x128 2x32", "2x128 3x32", 30, 1,
-                            1, 247, 45, "60K", 264, "0/0"),
-    ("fused", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 4x32", "4x128 5x32", 30,
-                             1, 1, 375, 65, "128K", 351, "0/0"),
+    ("fused", "f32", 768): (32, "98", "registers+warps", "23.64", "4x128 2x32", "4x128 3x32", 21,
+                            1, 1, 308, 39, "31", "126K", 343, "0/0"),
+    ("fused", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 4x32", "4x128 5x32",
+                             30, 1, 1, 375, 65, "38", "128K", 351, "0/0"),
     ("fused", "f32", 5888): (32, "98", "registers+warps", "165.49", "4x128 4x32", "4x128 5x32", 30,
-                             1, 1, 375, 65, "126K", 351, "0/0"),
+                             1, 1, 375, 65, "34", "126K", 351, "0/0"),
     ("fused", "bf16", 5888): (32, "98", "registers+warps", "165.49", "2x128 1x32 3x16",
-                              "2x128 2x32 3x16", 30, 1, 1, 390, 119, "63K", 367, "0/0"),
+                              "2x128 2x32 3x16", 30, 1, 1, 390, 119, "71", "63K", 367, "0/0"),
     ("fused", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 1x32 1x16",
-                             "2x128 2x32 1x16", 30, 1, 1, 326, 67, "63K", 355, "0/0"),
+                             "2x128 2x32 1x16", 21, 1, 1, 308, 70, "62", "63K", 338, "0/0"),
     ("fused", "bf16", 8192): (32, "100", "registers+warps", "248.24", "2x128 1x32 3x16",
-                              "2x128 2x32 3x16", 30, 1, 1, 390, 119, "64K", 367, "0/0"),
-    ("fused", "f64", 768): (40, "75", "registers", "124.12", "2x128 2x64", "2x128 3x64", 60, 1, 1,
-                            361, 86, "48K", 452, "0/0"),
+                              "2x128 2x32 3x16", 30, 1, 1, 390, 119, "78", "64K", 367, "0/0"),
+    ("fused", "f64", 768): (38, "75", "registers", "124.12", "2x128 2x64", "2x128 3x64", 54, 1, 1,
+                            356, 89, "71", "48K", 450, "0/0"),
     ("fused", "f16", 768): (32, "98", "registers+warps", "23.64", "2x128 1x32 1x16",
-                            "2x128 2x32 1x16", 30, 1, 1, 308, 48, "63K", 350, "0/0"),
-    ("fused", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128 3x32", 15, 0,
-                            1, 216, 59, "64K", 252, "0/0"),
+                            "2x128 2x32 1x16", 21, 1, 1, 288, 51, "58", "63K", 334, "0/0"),
+    ("fused", "f32", 128): (32, "100", "registers+warps", "7.76", "2x128 2x32", "2x128 3x32", 15,
+                            0, 1, 216, 59, "43", "64K", 252, "0/0"),
     ("fused", "f32", 1 << 20): (60, "50", "registers", "496.48", "20x128 2x32", "10x128 3x32", 30,
-                                1, 4, 734, 251, "128K", 802, "0/0"),
-    ("forward", "f32", 768): (26, "94", "registers+warps", "49.65", "2x128 1x32", "1x32", 30, 1, 1,
-                              166, 26, "60K", 178, "0/0"),
+                                1, 4, 734, 251, "-", "128K", 802, "0/0"),
+    ("forward", "f32", 768): (30, "98", "registers+warps", "23.64", "4x128 1x32", "1x32", 21, 1, 1,
+                              185, 23, "37", "126K", 207, "0/0"),
     ("forward", "f32", 8192): (30, "100", "registers+warps", "248.24", "4x128 3x32", "1x32", 30, 1,
-                               1, 226, 34, "128K", 226, "0/0"),
-    ("forward", "bf16", 768): (27, "98", "registers+warps", "23.64", "2x128 1x32", "1x32", 30, 1, 1,
-                               194, 43, "63K", 221, "0/0"),
+                               1, 226, 34, "45", "128K", 226, "0/0"),
+    ("forward", "bf16", 768): (26, "98", "registers+warps", "23.64", "2x128 1x32", "1x32", 21, 1,
+                               1, 176, 43, "71", "63K", 203, "0/0"),
     ("forward", "bf16", 8192): (30, "100", "registers+warps", "248.24", "2x128 1x32 2x16", "1x32",
-                                30, 1, 1, 220, 61, "64K", 218, "0/0"),
+                                30, 1, 1, 220, 61, "88", "64K", 218, "0/0"),
     ("forward-rows", "f32", 128): (26, "100", "registers+warps", "7.76", "2x128 1x32", "1x32", 15,
-                                   0, 1, 127, 29, "64K", 137, "0/0"),
-    ("backward", "f32", 768): (30, "94", "registers+warps", "49.65", "2x128 2x32", "2x128", 30, 1,
-                               1, 230, 26, "60K", 271, "0/0"),
+                                   0, 1, 127, 29, "51", "64K", 137, "0/0"),
+    ("backward", "f32", 768): (32, "98", "registers+warps", "23.64", "4x128 2x32", "4x128", 21, 1,
+                               1, 281, 38, "28", "126K", 331, "0/0"),
     ("backward", "f32", 8192): (32, "100", "registers+warps", "248.24", "4x128 4x32", "4x128 2x32",
-                                30, 1, 1, 335, 76, "128K", 348, "0/0"),
+                                30, 1, 1, 335, 76, "34", "128K", 348, "0/0"),
     ("backward", "bf16", 768): (32, "98", "registers+warps", "23.64", "2x128 1x32 1x16", "2x128",
-                                30, 1, 1, 286, 48, "63K", 355, "0/0"),
+                                21, 1, 1, 267, 58, "54", "63K", 328, "0/0"),
     ("backward", "bf16", 8192): (32, "100", "registers+warps", "248.24", "2x128 1x32 3x16",
-                                 "2x128 2x16", 30, 1, 1, 358, 96, "64K", 352, "0/0"),
-    ("backward-rows", "f32", 128): (30, "100", "registers+warps", "7.76", "2x128 2x32", "2x128", 15,
-                                    0, 1, 184, 47, "64K", 252, "0/0"),
+                                 "2x128 2x16", 30, 1, 1, 358, 96, "72", "64K", 352, "0/0"),
+    ("backward-rows", "f32", 128): (30, "100", "registers+warps", "7.76", "2x128 2x32", "2x128",
+                                    15, 0, 1, 184, 47, "37", "64K", 252, "0/0"),
     ("backward-keep", "f32", 128): (40, "75", "registers", "1.00", "2x128 3x32", "2x128", 16, 0, 3,
-                                    282, 97, "192B", 339, "0/0"),
-    ("backward-keep", "f32", 768): (30, "94", "registers+warps", "1.00", "2x128 2x32", "2x128", 30,
-                                    3, 2, 293, 68, "40B", 348, "0/0"),
+                                    282, 97, "-", "192B", 339, "0/0"),
+    ("backward-keep", "f32", 768): (37, "75", "registers", "1.00", "4x128 2x32", "4x128", 21, 3, 2,
+                                    335, 85, "-", "64B", 415, "0/0"),
     ("backward-keep", "bf16", 768): (32, "98", "registers+warps", "1.00", "2x128 1x32 1x16",
-                                     "2x128", 30, 3, 2, 350, 93, "42B", 440, "0/0"),
+                                     "2x128", 21, 3, 2, 333, 92, "-", "42B", 423, "0/0"),
 }
 
 
@@ -987,3 +990,36 @@ def test_the_report_turns_a_failed_disassembler_into_an_error_line(tmp_path, mon
         report._compiled.cache_clear()
     assert result.exit_code == 1, result.output
     assert "failed (7)" in result.output and "Traceback" not in result.output
+
+
+# -- issue%: the launch's instructions against the DRAM bytes it moves ---------------------------
+@needs_nvdisasm
+def test_issue_share_is_the_launchs_instructions_over_its_dram_bytes():
+    kernel = kernel_classes()["fused"].for_n_dim(768)
+    row = report.static_row(kernel, 65536, 768)
+    threads = row["grid"][0] * row["block"][0]
+    # The bytes of the training step's launch: x1, x2 read and dx1, dx2 written, y read, the loss
+    # and the labels' copy written: 16 x 768 + 3 x 4 bytes a row.
+    assert kernel.bytes_moved(65536, 768) == 65536 * (16 * 768 + 12)
+    per_byte = row["sass"]["instructions"] * threads / (65536 * (16 * 768 + 12))
+    assert row["instructions_per_dram_byte"] == pytest.approx(per_byte)
+    # An H200 issues 132 SMs x 128 threads' instructions a cycle at 1.98 GHz.
+    issue_per_s = 132 * 128 * 1.98e9
+    assert row["issue_share_at_copy_rate"] == pytest.approx(per_byte * 4.3e12 / issue_per_s)
+    shown = report.table_rows([row])[0]["issue%"]
+    assert shown == f"{100 * row['issue_share_at_copy_rate']:.0f}"
+    # A thread's own bytes count a row's y, dy and loss once for each thread that names them: more
+    # bytes, fewer instructions a byte, than DRAM moves for it.
+    assert row["instructions_per_byte"] < row["instructions_per_dram_byte"]
+
+
+@needs_nvdisasm
+def test_issue_share_is_left_out_where_a_loop_issues_its_body_once_a_trip():
+    streamed = report.static_row(kernel_classes()["fused"].for_n_dim(1 << 20), 8, 1 << 20)
+    keep = report.static_row(kernel_classes()["backward-keep"].for_n_dim(768), 65536, 768)
+    rows = [streamed, keep, *report.reduction_rows("f32", 1 << 20, 128)]
+    for row in rows:
+        assert row["sass"]["loop_bytes_in_flight"] > 0, row["kernel_id"]
+        assert row["issue_share_at_copy_rate"] is None
+        assert row["instructions_per_dram_byte"] is None
+        assert report.table_rows([row])[0]["issue%"] == "-"
