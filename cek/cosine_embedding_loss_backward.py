@@ -84,7 +84,8 @@ class CosineEmbeddingLossBackwardKeep(WaveGrid, CosineEmbeddingLossBackwardRows)
     @property
     def min_blocks(self) -> int:
         """The backward-rows kernel's rule, but at most 3/4 of an SM's threads (40 registers
-        where it fits 32): the loop over a block's rows keeps state live beside a row's work,
+        where it fits 32), half for double rows and 16-bit row groups (64 registers, below):
+        the loop over a block's rows keeps state live beside a row's work,
         which at 32 spilled the float row groups and the tailed float and bfloat16 rows on
         sm_80. A recomputed row keeps its one load round, and the bytes in flight an SM stay
         above what Little's law asks (tests/test_static_targets.py)."""

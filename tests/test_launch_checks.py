@@ -75,12 +75,12 @@ def test_the_emulator_refuses_a_wrong_launch_before_running_it():
     kernel = cek.CosineEmbeddingLossForward.for_n_dim(768)
     args, out = forward_args(4, 768)
     launch = emulate.load(kernel)
-    with pytest.raises(ValueError, match=r"grid \(4,\), block \(32,\) differ.*block \(192, 1, 1\)"):
+    with pytest.raises(ValueError, match=r"grid \(4,\), block \(32,\) differ.*block \(96, 1, 1\)"):
         launch((4,), (32,), args)
     with pytest.raises(ValueError, match="differ from launch_config"):
-        launch((3,), (192,), args)
+        launch((3,), (96,), args)
     assert np.isnan(out).all()
-    launch((4,), (192,), args)
+    launch((4,), (96,), args)
     assert not np.isnan(out).any()
 
 
