@@ -67,8 +67,9 @@ struct CekTiling {
     //  - 256 and 512 chunks (513..2048 floats): a thread has 64 bytes in flight where one pair
     //    gave it 32, and the row's once-a-thread work (the block's sums, the cosine, the
     //    labels) is spread over twice the bytes. At D = 768 on sm_90: 96 threads a block, 21
-    //    an SM (98%), 126 KB in flight an SM where 192 threads had 60 KB, 2.5 instructions a
-    //    byte where they issued 3.9 (`cek compile --report`).
+    //    an SM (98%), 126 KB in flight an SM where 192 threads had 60 KB, 2.4 instructions a
+    //    DRAM byte where they issued 3.9 (`cek compile --report`: 31% of the issue slots at the
+    //    copy rate, where they took 50%).
     // Not 16-bit rows: two pairs there take 56 to 64 registers (ptxas keeps the widened
     // values through the block's reduction), half an SM's threads, at the same bytes in flight.
     static constexpr int MIN_CHUNKS =
@@ -222,18 +223,19 @@ __device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
 }
 
 // Reduces over the block and gives every thread the totals. One barrier: each warp publishes its
-// partials, then every warp reads them all at once (lane w takes warp w's) and reduces them with
-// shuffles: one shared-memory load and 15 shuffles per warp, where looping over up to 32
-// partials in every thread costs 96 loads per thread (a 1024-thread block issues ~3000 warp
-// loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
+// partials, then every warp reads them all at once (lane w takes warp w % WARPS's) and reduces
+// them with shuffles: one shared-memory load and at most 15 shuffles per warp, where looping
+// over up to 32 partials in every thread costs 96 loads per thread (a 1024-thread block issues
+// ~3000 warp loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
 // only commutes operands), so all threads hold the same bits, run after run. A second call
 // must pass a barrier after the first: the shared array is not protected against reuse.
 //
 // WARPS, a power of two, bounds the block's warps at compile time (CekTiling::WARPS): each
 // aligned group of WARPS lanes reads every partial, so log2(WARPS) shuffle levels give every
 // lane the totals. Five levels over 32 lanes, the partials past the block's warps zeros, add
-// the same numbers in the same order, and a block of four warps (a 768-wide float row) paid
-// three levels, 9 shuffles and 9 adds a thread, for nothing.
+// the same numbers in the same order (a partial is never -0: its sums start at +0), and a block
+// of at most four warps (a float row of 513..1024) paid three levels, 9 shuffles and 9 adds a
+// thread, for nothing.
 template <int WARPS = CEK_MAX_THREADS / CEK_WARP, typename Acc>
 __device__ __forceinline__ CekSums<Acc> cek_block_sum(CekSums<Acc> v) {
     static_assert(WARPS >= 1 && WARPS <= CEK_WARP && (WARPS & (WARPS - 1)) == 0,
