@@ -1023,3 +1023,13 @@ def test_issue_share_is_left_out_where_a_loop_issues_its_body_once_a_trip():
         assert row["issue_share_at_copy_rate"] is None
         assert row["instructions_per_dram_byte"] is None
         assert report.table_rows([row])[0]["issue%"] == "-"
+
+
+def test_every_column_is_in_the_documented_table():
+    """docs/report.md's table of columns names every column the report prints (alone, or with
+    others in one cell: `regs, spill, lmem`)."""
+    text = DOC.read_text()
+    table = text[text.index("## The columns"):]
+    named = {name.strip() for line in table.splitlines() if line.startswith("| ")
+             for name in line.split("|")[1].split(",")}
+    assert [name for name, _ in report.COLUMNS if name not in named] == []
