@@ -226,9 +226,9 @@ __device__ __forceinline__ CekSums<Acc> cek_group_sum(CekSums<Acc> v) {
 // partials, then every warp reads them all at once (lane w takes warp w % WARPS's) and reduces
 // them with shuffles: one shared-memory load and at most 15 shuffles per warp, where looping
 // over up to 32 partials in every thread costs 96 loads per thread (a 1024-thread block issues
-// ~3000 warp loads for a row it reads with 64). Every warp adds in the same tree order (an xor butterfly
-// only commutes operands), so all threads hold the same bits, run after run. A second call
-// must pass a barrier after the first: the shared array is not protected against reuse.
+// ~3000 warp loads for a row it reads with 64). Every warp adds in the same tree order (an xor
+// butterfly only commutes operands), so all threads hold the same bits, run after run. A second
+// call must pass a barrier after the first: the shared array is not protected against reuse.
 //
 // WARPS, a power of two, bounds the block's warps at compile time (CekTiling::WARPS): each
 // aligned group of WARPS lanes reads every partial, so log2(WARPS) shuffle levels give every

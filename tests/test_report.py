@@ -756,13 +756,13 @@ def test_cli_report_rejects_bad_n_rows():
 # steps and the second in log2 of the block's most warps rounded up to a power of two
 # (CekTiling::WARPS): 30 at 512 threads and more, 21 at 768 floats (96 to 128 threads: 2 steps),
 # twice as many in double, two a value (a row group of 32 lanes does one: 15). `issue%` is the
-# share of the H200's issue slots the launch takes to move its bytes at the copy rate. At BLOCK_SIZE 8192 in
-# float and 16-bit types (CekTiling::TAILED, 5888 runs 672 threads) a thread also loads and stores
-# one element of x1, x2 past its chunks (2x32 or 2x16 more), at D = 8192 too, where no thread has
-# one: the kernel is the same. backward-keep reads dy first, to know whether to read
-# the row at all: 2 rounds, with only dy in flight in the first. The streamed fused kernel
-# (2^20) is 4 loop bodies in a row: the sums' 4 pairs a trip and remainder, the gradient pass's
-# 4 pairs and remainder. `rare` is every other instruction of the cubin (the misaligned
+# share of the H200's issue slots the launch takes to move its bytes at the copy rate. At
+# BLOCK_SIZE 8192 in float and 16-bit types (CekTiling::TAILED, 5888 runs 672 threads) a thread
+# also loads and stores one element of x1, x2 past its chunks (2x32 or 2x16 more), at D = 8192
+# too, where no thread has one: the kernel is the same. backward-keep reads dy first, to know
+# whether to read the row at all: 2 rounds, with only dy in flight in the first. The streamed fused
+# kernel (2^20) is 4 loop bodies in a row: the sums' 4 pairs a trip and remainder, the gradient
+# pass's 4 pairs and remainder. `rare` is every other instruction of the cubin (the misaligned
 # fallbacks, the huge-row branches, the trap after EXIT); no kernel runs a fence or an atomic
 # (`fence/atom`, every block): a mean or sum is a launch of its own (REDUCE_FACTS).
 FACT_COLUMNS = ("regs", "occ%", "limit", "waves", "ldg", "stg", "shfl", "bar", "rounds", "instr",
