@@ -23,7 +23,7 @@ from cek.sources import load_kernel_source
 # Mirrors of the constants in kernels/cek_row.cuh.
 WARP = 32
 MAX_THREADS = 1024
-TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: float rows of 513 elements and up
+TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: 513 floats, 1025 16-bit values and up
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
 GROUPED_THREADS = 256
@@ -293,7 +293,10 @@ class Kernel:
           - gradient kernels in float: all threads; 3/4 for row groups of two pairs a lane;
           - in a 16-bit type: all threads for one pair a thread on one block per row (the
             conversions fit since the huge-row path reads the row again, cek_block_row), 3/4
-            in row groups (one pair a lane: CEK_MAX_GROUPED_SIZE), 1 for two pairs;
+            in row groups (one pair a lane: CEK_MAX_GROUPED_SIZE) and for two pairs below
+            1024 threads (the gradient widens the held pairs again: cek_chunk_to_acc_again),
+            1 for two pairs at 1024 threads (16384 elements: 3/4 is not a whole number of
+            blocks there);
           - in double: 3/4 on one block per row below 1024 threads (there 3/4 is not a whole
             number of blocks), 1 otherwise."""
         itemsize = dtypes.get(self.dtype).array.itemsize
@@ -306,7 +309,8 @@ class Kernel:
         elif itemsize == 8:
             share = 0.75 if not grouped and self.max_threads < MAX_THREADS else None
         elif itemsize == 2:
-            share = None if held == 2 else 0.75 if grouped else 1.0
+            share = (0.75 if self.max_threads < MAX_THREADS else None) if held == 2 else \
+                0.75 if grouped else 1.0
         else:
             share = 0.75 if grouped and held == 2 else 1.0
         if share is None:
@@ -316,20 +320,22 @@ class Kernel:
 
     @property
     def chunks_per_thread(self) -> int:
-        """CekTiling::CHUNKS: BLOCK_SIZE/VEC/1024, at least 1, and at least 2 for float rows of
-        256 chunks or more (BLOCK_SIZE >= 1024: twice the bytes in flight a thread, the row's
-        once-a-thread work spread over twice the bytes; kernels/cek_row.cuh)."""
+        """CekTiling::CHUNKS: BLOCK_SIZE/VEC/1024, at least 1, and at least 2 for float and 16-bit
+        rows of 256 chunks or more (BLOCK_SIZE >= 1024 in float, 2048 in 16-bit types: twice the
+        bytes in flight a thread, the row's once-a-thread work spread over twice the bytes;
+        kernels/cek_row.cuh)."""
         if self.streamed:
             return 1
-        least = 2 if dtypes.get(self.dtype).array.itemsize == 4 and \
+        least = 2 if dtypes.get(self.dtype).array.itemsize in (2, 4) and \
             self.row_chunks >= TWO_PAIRS_FROM_CHUNKS else 1
         return max(least, self.row_chunks // MAX_THREADS)
 
     @property
     def tailed(self) -> bool:
         """CekTiling::TAILED: rows that would take 704 or 736 threads (two blocks an SM) run
-        TAIL_THREADS (three), each thread holding one element past its chunks at most."""
-        return (not self.streamed and dtypes.get(self.dtype).array.itemsize <= 4
+        TAIL_THREADS (three), each thread holding one element past its chunks at most. Float
+        rows of 5377..5888 only: 16-bit ones hold two chunk pairs a thread, 384 threads at most."""
+        return (not self.streamed and dtypes.get(self.dtype).array.itemsize == 4
                 and self.block_size == 8192)
 
     def threads(self, n_dim: int) -> int:

@@ -8,13 +8,13 @@
 // next_power_of_two(n_dim) and T, with ROW_CHUNKS = max(1, BLOCK_SIZE / VEC):
 //   * register path, ROW_CHUNKS <= 4096 (2048 for 2-byte T, whose conversions need registers
 //     too; either way rows of up to 16384 elements, 8192 doubles): one block per row; each
-//     thread holds CHUNKS = max(1, ROW_CHUNKS / 1024) chunks (at least 2 for float rows of
-//     256 chunks and more, BLOCK_SIZE >= 1024) in registers between the reduction and the
-//     gradient write, so x1 and x2 are read once. blockDim.x is the launcher's choice: the
-//     smallest multiple of 32 with blockDim.x * CHUNKS * VEC >= n_dim (a 768-wide float row: 96
-//     threads),
-//     but 672 where that is 704 or 736 at BLOCK_SIZE 8192 (CekTiling::TAILED): a thread then
-//     holds one element past its chunks.
+//     thread holds CHUNKS = max(1, ROW_CHUNKS / 1024) chunks (at least 2 for float and 16-bit
+//     rows of 256 chunks and more: BLOCK_SIZE >= 1024 in float, >= 2048 in 16-bit types) in
+//     registers between the reduction and the gradient write, so x1 and x2 are read once.
+//     blockDim.x is the launcher's choice: the smallest multiple of 32 with blockDim.x * CHUNKS
+//     * VEC >= n_dim (a 768-wide float row: 96 threads), but 672 where that is 704 or 736 at
+//     BLOCK_SIZE 8192 in float (CekTiling::TAILED): a thread then holds one element past its
+//     chunks.
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
@@ -33,8 +33,9 @@
 
 constexpr int CEK_WARP = 32;
 constexpr int CEK_MAX_THREADS = 1024;
-// Float rows of this many chunks or more (BLOCK_SIZE >= 1024: 513 floats and up) take at least
-// two chunk pairs a thread (CekTiling::MIN_CHUNKS).
+// Float and 16-bit rows of this many chunks or more (BLOCK_SIZE >= 1024: 513 floats and up;
+// BLOCK_SIZE >= 2048: 1025 16-bit values and up) take at least two chunk pairs a thread
+// (CekTiling::MIN_CHUNKS).
 constexpr int CEK_TWO_PAIRS_FROM_CHUNKS = 256;
 constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 // Row groups take rows of at most 256 elements too: a 16-bit lane holding two chunk pairs needs
@@ -70,10 +71,16 @@ struct CekTiling {
     //    an SM (98%), 126 KB in flight an SM where 192 threads had 60 KB, 2.4 instructions a
     //    DRAM byte where they issued 3.9 (`cek compile --report`: 31% of the issue slots at the
     //    copy rate, where they took 50%).
-    // Not 16-bit rows: two pairs there take 56 to 64 registers (ptxas keeps the widened
-    // values through the block's reduction), half an SM's threads, at the same bytes in flight.
+    // 16-bit rows too, from 256 chunks (1025 values and up), at 40 registers (3/4 of an SM):
+    //  their gradient widens the held chunks again by other instructions than the sums did
+    //  (CekType::to_acc2_again), so that ptxas holds the 16-bit pairs through the block's
+    //  reduction, not the floats widened from them (twice the registers: 56 to 64, half an SM).
+    //  At D = 4096 in bfloat16 on sm_90: 256 threads a block, 96 KB in flight an SM where 512
+    //  threads had 64 KB, 3.2 instructions a DRAM byte where they issued 5.0 (46% of the issue
+    //  slots at the copy rate, where they took 64%). Not below 256 chunks: a 768-wide 16-bit
+    //  row would run 48 threads, two warps, one of them half idle.
     static constexpr int MIN_CHUNKS =
-        sizeof(T) == 4 && ROW_CHUNKS >= CEK_TWO_PAIRS_FROM_CHUNKS ? 2 : 1;
+        sizeof(T) <= 4 && sizeof(T) >= 2 && ROW_CHUNKS >= CEK_TWO_PAIRS_FROM_CHUNKS ? 2 : 1;
     static constexpr int CHUNKS =
         STREAMED ? 1
                  : ROW_CHUNKS / CEK_MAX_THREADS > MIN_CHUNKS ? ROW_CHUNKS / CEK_MAX_THREADS
@@ -90,11 +97,12 @@ struct CekTiling {
     // reduction's second shuffle levels (cek_block_sum).
     static constexpr int WARPS = cek_pow2_at_least(THREADS / CEK_WARP);
     // Blocks of 673..767 threads fit only two an SM (66-75% of its 2048 threads). Where a row
-    // would take 704 or 736 (5377..5888 floats or 16-bit values, BLOCK_SIZE 8192, 32 registers
-    // a thread) it runs TAIL_THREADS, three an SM (98%), and each thread holds one element of
-    // the at most MAX_TAIL past its chunks (cek_tail_element). Not for doubles: more than 32
-    // registers a thread hold them to two blocks of 672 anyway.
-    static constexpr bool TAILED = !STREAMED && sizeof(T) <= 4 && BLOCK_SIZE == 8192;
+    // would take 704 or 736 (5377..5888 floats, BLOCK_SIZE 8192, 32 registers a thread) it
+    // runs TAIL_THREADS, three an SM (98%), and each thread holds one element of the at most
+    // MAX_TAIL past its chunks (cek_tail_element). Not for doubles: more than 32 registers a
+    // thread hold them to two blocks of 672 anyway. Not for 16-bit rows either: two pairs a
+    // thread, at most 512 threads.
+    static constexpr bool TAILED = !STREAMED && sizeof(T) == 4 && BLOCK_SIZE == 8192;
     static constexpr int TAIL_THREADS = 672;
     static constexpr int MAX_TAIL = TAILED ? (736 - TAIL_THREADS) * CHUNKS * VEC : 0;
     static_assert(MAX_TAIL <= TAIL_THREADS, "a tailed row's thread holds one element at most");
@@ -264,6 +272,22 @@ __device__ __forceinline__ void cek_chunk_to_acc(const CekChunk<T>& c,
     } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) f[i] = CekType<T>::to_acc(c.v[i]);
+    }
+}
+
+// The same values by other instructions (16-bit types; others as cek_chunk_to_acc), for a
+// gradient formed from chunks held through the block's reduction: widened as the sums widened
+// them, ptxas keeps the sums' floats live through the reduction in place of the chunks, twice
+// the registers (two 16-bit pairs a thread: 56 to 64 where the chunks fit 40).
+template <typename T>
+__device__ __forceinline__ void cek_chunk_to_acc_again(const CekChunk<T>& c,
+                                                       CekAcc<T> (&f)[CekVec<T>::N]) {
+    if constexpr (sizeof(T) == 2) {
+#pragma unroll
+        for (int i = 0; i < CekVec<T>::N / 2; ++i)
+            CekType<T>::to_acc2_again(c.w[i], f[2 * i], f[2 * i + 1]);
+    } else {
+        cek_chunk_to_acc(c, f);
     }
 }
 
@@ -476,7 +500,9 @@ __device__ __forceinline__ CekChunk<T> cek_chunk_from_acc(const CekAcc<T> (&f)[C
     }
 }
 
-template <bool SCALED = false, typename T>
+// AGAIN: a and b were held through the block's reduction, two pairs a thread or more; their
+// values are widened again by other instructions (cek_chunk_to_acc_again).
+template <bool SCALED = false, bool AGAIN = false, typename T>
 __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
                                                           T* __restrict__ dx2, int chunk,
                                                           int n_dim, bool vec,
@@ -484,8 +510,13 @@ __device__ __forceinline__ void cek_store_chunk_gradients(T* __restrict__ dx1,
                                                           const CekChunk<T>& a,
                                                           const CekChunk<T>& b) {
     CekAcc<T> d1[CekVec<T>::N], d2[CekVec<T>::N], xs[CekVec<T>::N], zs[CekVec<T>::N];
-    cek_chunk_to_acc(a, xs);
-    cek_chunk_to_acc(b, zs);
+    if constexpr (AGAIN) {
+        cek_chunk_to_acc_again(a, xs);
+        cek_chunk_to_acc_again(b, zs);
+    } else {
+        cek_chunk_to_acc(a, xs);
+        cek_chunk_to_acc(b, zs);
+    }
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
         CekAcc<T> x = xs[i], z = zs[i];
@@ -770,10 +801,14 @@ __device__ __forceinline__ void cek_block_row_gradients(
     } else if constexpr (CekTiling<BLOCK_SIZE, T>::STREAMED) {
         cek_stream_row_gradients_pass(x1, x2, dx1, dx2, n_dim, vec, g);
     } else {
+        // Widened again where the registers this saves buy blocks: not in blocks of 1024
+        // threads, one an SM either way (16-bit rows of 16384, where it cost 45 instructions).
+        constexpr bool AGAIN = CekTiling<BLOCK_SIZE, T>::CHUNKS >= 2 &&
+                               CekTiling<BLOCK_SIZE, T>::THREADS < CEK_MAX_THREADS;
 #pragma unroll
         for (int i = 0; i < CekTiling<BLOCK_SIZE, T>::CHUNKS; ++i)
-            cek_store_chunk_gradients(dx1, dx2, threadIdx.x + i * blockDim.x, n_dim, vec, g,
-                                      rp.a[i], rp.b[i]);
+            cek_store_chunk_gradients<false, AGAIN>(dx1, dx2, threadIdx.x + i * blockDim.x, n_dim,
+                                                    vec, g, rp.a[i], rp.b[i]);
         if constexpr (CekTiling<BLOCK_SIZE, T>::TAILED) {
             const int k = cek_tail_element<BLOCK_SIZE, T>();
             if (k < n_dim) {

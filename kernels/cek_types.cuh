@@ -27,6 +27,23 @@ __device__ __forceinline__ float cek_float_from_bits(unsigned u) {
     return pun.f;
 }
 
+// PTX's prmt.b32 (its default mode) for selectors whose nibbles are below 8: byte i of the
+// result is byte (c >> 4i) & 7 of the eight bytes b:a, a's four the low ones. The emulator runs
+// the definition, so the kernels' selectors are checked by the tests that run them on the CPU.
+__device__ __forceinline__ unsigned cek_prmt(unsigned a, unsigned b, unsigned c) {
+#ifdef __CUDA_ARCH__
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    const unsigned long long bytes = static_cast<unsigned long long>(b) << 32 | a;
+    unsigned d = 0;
+    for (int i = 0; i < 4; ++i)
+        d |= static_cast<unsigned>(bytes >> (8 * ((c >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+    return d;
+#endif
+}
+
 __device__ __forceinline__ unsigned cek_bits_from_float(float f) {
     union { unsigned u; float f; } pun;
     pun.f = f;
@@ -165,6 +182,12 @@ struct CekType<cek_bf16> {
         lo = cek_float_from_bits(pair << 16);
         hi = cek_float_from_bits(pair & 0xffff0000u);
     }
+    // to_acc2 by byte permutes, which ptxas does not take for its shift and mask (a gradient's
+    // second widening of a held pair: cek_chunk_to_acc_again).
+    __device__ static __forceinline__ void to_acc2_again(unsigned pair, float& lo, float& hi) {
+        lo = cek_float_from_bits(cek_prmt(pair, 0, 0x1044));  // bytes 1 0 of pair, then 0 0
+        hi = cek_float_from_bits(cek_prmt(pair, 0, 0x3244));  // bytes 3 2 of pair, then 0 0
+    }
     // Two values at once, lo in the low half: one instruction, where the integer rounding
     // takes about five per value.
     __device__ static __forceinline__ unsigned from_acc2(float lo, float hi) {
@@ -199,6 +222,14 @@ struct CekType<cek_f16> {
 #endif
     }
     __device__ static __forceinline__ cek_f16 from_acc(float f) { return {cek_cvt_rn_f16(f)}; }
+    // Two values packed lo | hi << 16, converted from the pair with its halves swapped by a
+    // byte permute: ptxas does not take these for the conversions of the unswapped halves that
+    // the sums made (a gradient's second widening of a held pair: cek_chunk_to_acc_again).
+    __device__ static __forceinline__ void to_acc2_again(unsigned pair, float& lo, float& hi) {
+        const unsigned swapped = cek_prmt(pair, 0, 0x1032);  // hi | lo << 16
+        lo = to_acc({static_cast<unsigned short>(swapped >> 16)});
+        hi = to_acc({static_cast<unsigned short>(swapped & 0xffffu)});
+    }
     // Two values at once, lo in the low half: one instruction for two from sm_80 on, one each
     // before (as cuda_fp16.hpp's __floats2half2_rn does).
     __device__ static __forceinline__ unsigned from_acc2(float lo, float hi) {

@@ -146,21 +146,38 @@ def test_threads_cover_the_row_with_whole_warps(cls, n_dim, threads):
     assert threads * per_thread >= n_dim > (threads - 32) * per_thread
 
 
-# Blocks of 704 or 736 threads fit two an SM: rows of 5377..5888 (BLOCK_SIZE 8192, float and
-# 16-bit types) run 672, three an SM, each thread holding one element past its chunks.
+# Blocks of 704 or 736 threads fit two an SM: float rows of 5377..5888 (BLOCK_SIZE 8192) run
+# 672, three an SM, each thread holding one element past its chunks. 16-bit rows there hold two
+# chunk pairs a thread, at most 512 threads, and need no tail.
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
 def test_no_block_of_673_to_767_threads_where_a_tail_can_take_the_rest(dtype):
     for n_dim in range(4097, 8193):
         k = cek.CosineEmbeddingLossFused.for_n_dim(n_dim, dtype)
         threads = k.launch_config(3, n_dim)[1][0]
         in_chunks = threads * k.chunks_per_thread * k.vec
-        if dtype == "f64":  # not tailed: the plain rule
-            assert not k.tailed and in_chunks >= n_dim
+        if dtype != "f32":  # not tailed: the plain rule
+            assert not k.tailed and in_chunks >= n_dim > in_chunks - 32 * k.chunks_held * k.vec
+            assert dtype == "f64" or (k.chunks_per_thread == 2 and threads <= 512), n_dim
             continue
         assert k.tailed and not 672 < threads < 768, (n_dim, threads)
         # every element is held: in a thread's chunks or, one a thread, past them
         assert in_chunks + (threads if threads == 672 else 0) >= n_dim > in_chunks - 32 * 8, n_dim
         assert (n_dim > in_chunks) == (5377 <= n_dim <= 5888), n_dim
+
+
+# 16-bit rows of 1025 and more (256 chunks, BLOCK_SIZE >= 2048) take two chunk pairs a thread
+# too; up to 1024, one (a 768-wide row at two would run 48 threads, a warp and a half).
+@pytest.mark.parametrize("n_dim, threads", [(257, 64), (768, 96), (1024, 128), (1025, 96),
+                                            (1536, 96), (2048, 128), (2049, 160), (4096, 256),
+                                            (5377, 352), (5888, 384), (8192, 512),
+                                            (8193, 544), (16384, 1024)])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossFused])
+def test_16_bit_rows_from_1025_hold_two_chunk_pairs(cls, dtype, n_dim, threads):
+    k = cls.for_n_dim(n_dim, dtype)
+    assert k.launch_config(5, n_dim)[1] == (threads, 1, 1)
+    assert k.chunks_per_thread == (2 if n_dim > 1024 else 1) and not k.tailed
+    assert threads * k.chunks_per_thread * 8 >= n_dim > (threads - 32) * k.chunks_per_thread * 8
 
 
 @pytest.mark.parametrize("n_dim", [16385, 100_000, 1 << 20])
