@@ -13,7 +13,8 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
     reduction "none"'s result) are each written where given. `y_out`, when given, gets the
     labels as read, for a backward that recomputes rows later (cek.torch's training step,
     whose caller may refill its labels in between). Rows of up to 64 chunks and 256
-    elements (256 floats or halves, 128 doubles) run in row groups: a warp or less per row,
+    elements (256 floats or halves, 128 doubles), and 16-bit rows of 513..1024 (four chunk pairs
+    a lane), run in row groups: a warp or less per row,
     several rows per block. A mean or sum of the loss is a second launch, of
     CosineEmbeddingLossReduce on the per-row `loss`.
     """

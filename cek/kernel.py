@@ -26,6 +26,7 @@ MAX_THREADS = 1024
 TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: 513 floats, 1025 16-bit values and up
 MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
 MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
+GROUPED_16_BIT_SIZE = 1024  # ... and 16-bit rows of 513..1024 (CEK_GROUPED_16_BIT_SIZE)
 GROUPED_THREADS = 256
 TAIL_THREADS = 672  # blocks of 672 fit three an SM, where 704 or 736 fit two
 SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
@@ -289,6 +290,7 @@ class Kernel:
         dtype and BLOCK_SIZE (tests/test_compile.py holds it to 0 spills), by the chunk pairs a
         thread holds (chunks_held) and whether the kernel writes gradients:
           - more than two chunk pairs (float rows of 16384, double rows of 8192), or streamed: 1;
+            but half for the four pairs a lane of 16-bit row groups (rows of 513..1024: 64);
           - the forward kernels: all threads;
           - gradient kernels in float: all threads; 3/4 for row groups of two pairs a lane;
           - in a 16-bit type: all threads for one pair a thread on one block per row (the
@@ -302,9 +304,11 @@ class Kernel:
         itemsize = dtypes.get(self.dtype).array.itemsize
         held = self.chunks_held
         grouped = isinstance(self, RowGroups) and self.grouped
-        if self.streamed or held > 2:
+        if self.streamed or (held > 2 and not grouped):
             return 1
-        if getattr(self, "kind", None) == "forward":  # a test's probe kernel may have no kind
+        if grouped and held == 4:  # 16-bit rows of 513..1024, a warp a row
+            share = 0.5
+        elif getattr(self, "kind", None) == "forward":  # a test's probe kernel may have no kind
             share = 1.0
         elif itemsize == 8:
             share = 0.75 if not grouped and self.max_threads < MAX_THREADS else None
@@ -471,12 +475,14 @@ class Kernel:
 
 class RowGroups:
     """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
-    up to 64 chunks and 256 elements per row, GROUP = min(32, chunks) lanes of a warp own a row
-    and a 256-thread block holds 256 / GROUP rows. Wider rows keep one block per row."""
+    up to 64 chunks and 256 elements per row, and 16-bit rows of 513..1024 (four chunk pairs a
+    lane), GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread block holds
+    256 / GROUP rows. Wider rows keep one block per row."""
 
     launch_contract = (
         "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
-        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles): 256 threads a block, "
+        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles), and 16-bit rows of "
+        "BLOCK_SIZE 1024: 256 threads a block, "
         "GROUP = min(32, BLOCK_SIZE/VEC) lanes per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. "
         "Above: grid [n_rows, 1, 1], one block per row, threads as in the backward and forward "
         "kernels"
@@ -484,7 +490,8 @@ class RowGroups:
 
     @property
     def grouped(self) -> bool:
-        return self.row_chunks <= MAX_GROUPED_CHUNKS and self.block_size <= MAX_GROUPED_SIZE
+        return (self.row_chunks <= MAX_GROUPED_CHUNKS and self.block_size <= MAX_GROUPED_SIZE) or (
+            dtypes.get(self.dtype).array.itemsize == 2 and self.block_size == GROUPED_16_BIT_SIZE)
 
     @property
     def max_threads(self) -> int:

@@ -18,7 +18,8 @@
 //   * streamed path, above that: a row no longer fits in the 64 registers a thread may
 //     use at 1024 threads, so 1024 threads loop over it, and a gradient kernel reads it twice.
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
-//     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles): GROUP = min(32,
+//     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles; and 16-bit rows of
+//     BLOCK_SIZE 1024, four chunk pairs a lane, CEK_GROUPED_16_BIT_SIZE): GROUP = min(32,
 //     ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a block holds 256 / GROUP
 //     rows and the reduction is warp shuffles only. One block per row would leave a 128-float
 //     row a one-warp block: too few warps per SM to keep enough loads in flight, and a block
@@ -42,6 +43,12 @@ constexpr int CEK_MAX_GROUPED_CHUNKS = 64;
 // 56 registers (half the SM's threads), where one block per row of 257..512 halves runs 64
 // threads of one pair at 32 registers (all of them).
 constexpr int CEK_MAX_GROUPED_SIZE = 256;
+// ... and 16-bit rows of 513..1024 (BLOCK_SIZE 1024): a warp a row, four chunk pairs a lane, at
+// 64 registers (half an SM). One block per row ran them at one pair a thread, three or four warps
+// a block, each thread issuing the block's sums and cosine for 16 bytes of a row: 62% of an
+// H200's issue slots at the copy rate at D = 768 (fused). A warp a row needs no barrier and
+// spreads that work over 64 bytes a lane: 43%, with 96 KB in flight an SM where 63 KB were.
+constexpr int CEK_GROUPED_16_BIT_SIZE = 1024;
 constexpr int CEK_MAX_BLOCK_SIZE = 1 << 20;
 constexpr int CEK_GROUPED_THREADS = 256;
 
@@ -59,7 +66,8 @@ struct CekTiling {
     static constexpr int MAX_REGISTER_CHUNKS = sizeof(T) >= 4 ? 4096 : 2048;
     static constexpr bool STREAMED = ROW_CHUNKS > MAX_REGISTER_CHUNKS;
     static constexpr bool GROUPED =
-        ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS && BLOCK_SIZE <= CEK_MAX_GROUPED_SIZE;
+        (ROW_CHUNKS <= CEK_MAX_GROUPED_CHUNKS && BLOCK_SIZE <= CEK_MAX_GROUPED_SIZE) ||
+        (sizeof(T) == 2 && BLOCK_SIZE == CEK_GROUPED_16_BIT_SIZE);
     // Float rows of 256 chunks and more (513 floats and up) take two chunk pairs a thread, at the
     // 32 registers two float pairs fit since the huge-row path reads the row again:
     //  - 1024 chunks (2049..4096 floats): at most 512 threads a block. With one pair, blocks of
@@ -293,13 +301,19 @@ __device__ __forceinline__ void cek_chunk_to_acc_again(const CekChunk<T>& c,
 
 // Adds a chunk pair to the sums, each value first multiplied by its scale (1, or a power of two
 // for a rescaled row: exact unless it underflows, where it adds nothing the sums could show).
-template <bool SCALED = false, typename T>
+// AGAIN: the pair was summed before, and is widened again by other instructions.
+template <bool SCALED = false, bool AGAIN = false, typename T>
 __device__ __forceinline__ void cek_accumulate(CekSums<CekAcc<T>>& s, const CekChunk<T>& a,
                                                const CekChunk<T>& b, CekAcc<T> s1 = 1,
                                                CekAcc<T> s2 = 1) {
     CekAcc<T> xs[CekVec<T>::N], zs[CekVec<T>::N];
-    cek_chunk_to_acc(a, xs);
-    cek_chunk_to_acc(b, zs);
+    if constexpr (AGAIN) {  // else ptxas keeps the first sums' floats for the second
+        cek_chunk_to_acc_again(a, xs);
+        cek_chunk_to_acc_again(b, zs);
+    } else {
+        cek_chunk_to_acc(a, xs);
+        cek_chunk_to_acc(b, zs);
+    }
 #pragma unroll
     for (int i = 0; i < CekVec<T>::N; ++i) {
         CekAcc<T> x = xs[i], z = zs[i];
@@ -403,7 +417,8 @@ __device__ __forceinline__ CekSums<CekAcc<T>> cek_row_pair_scaled_sums(
     const CekRowPair<CHUNKS, T>& rp, CekAcc<T> s1, CekAcc<T> s2) {
     CekSums<CekAcc<T>> s = {0, 0, 0};
 #pragma unroll
-    for (int i = 0; i < CHUNKS; ++i) cek_accumulate<true>(s, rp.a[i], rp.b[i], s1, s2);
+    for (int i = 0; i < CHUNKS; ++i)  // widened again where lanes hold pairs (registers)
+        cek_accumulate<true, (CHUNKS >= 2)>(s, rp.a[i], rp.b[i], s1, s2);
     return s;
 }
 
@@ -556,7 +571,8 @@ __device__ __forceinline__ void cek_store_row_gradients(const CekRowPair<CHUNKS,
     }
 #pragma unroll
     for (int i = 0; i < CHUNKS; ++i)
-        cek_store_chunk_gradients(dx1, dx2, lane + i * lanes, n_dim, vec, g, rp.a[i], rp.b[i]);
+        cek_store_chunk_gradients<false, (CHUNKS >= 2)>(dx1, dx2, lane + i * lanes, n_dim, vec, g,
+                                                        rp.a[i], rp.b[i]);
 }
 
 // The streamed path's gradient: the second read of the row (counted in the bytes formula).
@@ -841,7 +857,7 @@ template <int BLOCK_SIZE, typename T>
 __device__ __forceinline__ CekGroupRow<BLOCK_SIZE, T> cek_group_row_at(int row, bool live,
                                                                        int n_dim) {
     static_assert(CekTiling<BLOCK_SIZE, T>::GROUPED,
-                  "row groups need rows of at most 64 chunks, 256 elements");
+                  "row groups need rows of at most 64 chunks, 256 elements (1024 in 16 bits)");
     CekGroupRow<BLOCK_SIZE, T> r;
     r.lane = threadIdx.x % CekTiling<BLOCK_SIZE, T>::GROUP;
     r.row = row;

@@ -17,9 +17,10 @@
 //
 // Launch contract (BLOCK_SIZE = next_power_of_two(n_dim), at most 2^20; VEC = 16 / sizeof(T),
 // ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_row.cuh):
-//   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles): row groups. 256
-//     threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
-//     [ceil(n_rows / (256 / GROUP)), 1, 1]: a warp or less per row, no barrier.
+//   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles), and 16-bit rows of
+//     BLOCK_SIZE 1024 (n_dim 513..1024, four chunk pairs a lane): row groups. 256 threads a
+//     block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1,
+//     1]: a warp or less per row, no barrier.
 //   Above: grid [n_rows, 1, 1], one block per row, threads as in the backward kernel.
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, read y,

@@ -103,7 +103,7 @@ GROUPED = [cls for cls in KERNELS if issubclass(cls, RowGroups)]
 @pytest.mark.emulator
 @pytest.mark.parametrize("dtype, n_dim", [("f32", 1), ("f32", 3), ("f32", 33), ("f32", 128),
                                           ("f32", 129), ("f64", 33), ("bf16", 129),
-                                          ("f16", 256)])
+                                          ("f16", 256), ("bf16", 768), ("f16", 1000)])
 @pytest.mark.parametrize("cls", GROUPED, ids=_id)
 def test_row_groups_over_several_blocks_and_a_partial_last_one(emulator, cls, n_dim, dtype):
     # 300 rows: more than one 256-thread block holds at every GROUP, a multiple of none, so the
@@ -352,7 +352,9 @@ def test_float32_subnormals_flush_to_zero_as_on_a_gpu(emulator):
 
 # -- rows too large for a plain float32 squared norm -----------------------------------------
 
-HUGE_WIDTHS = [33, 769]  # row groups, one block per row (the streamed path: f32 below)
+# row groups, one block per row (16-bit rows of 769 run row groups in the fused and *_rows
+# kernels, four chunk pairs a lane summed again from registers; the streamed path: f32 below)
+HUGE_WIDTHS = [33, 769]
 
 
 def _huge_rows(n_dim, dtype):

@@ -175,9 +175,28 @@ def test_no_block_of_673_to_767_threads_where_a_tail_can_take_the_rest(dtype):
 @pytest.mark.parametrize("cls", [cek.CosineEmbeddingLossBackward, cek.CosineEmbeddingLossFused])
 def test_16_bit_rows_from_1025_hold_two_chunk_pairs(cls, dtype, n_dim, threads):
     k = cls.for_n_dim(n_dim, dtype)
+    if cls is cek.CosineEmbeddingLossFused and 512 < n_dim <= 1024:
+        return  # row groups: the next test
     assert k.launch_config(5, n_dim)[1] == (threads, 1, 1)
     assert k.chunks_per_thread == (2 if n_dim > 1024 else 1) and not k.tailed
     assert threads * k.chunks_per_thread * 8 >= n_dim > (threads - 32) * k.chunks_per_thread * 8
+
+
+# ... but the row-group kernels (fused, forward-rows, backward-rows, keep) run 16-bit rows of
+# 513..1024 a warp a row, four chunk pairs a lane, eight rows a block of 256 threads.
+@pytest.mark.parametrize("name", ["fused", "forward-rows", "backward-rows", "backward-keep"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("n_dim, grouped", [(512, False), (513, True), (768, True),
+                                            (1024, True), (1025, False)])
+def test_16_bit_rows_of_513_to_1024_run_a_warp_a_row(name, dtype, n_dim, grouped):
+    k = kernel_classes()[name].for_n_dim(n_dim, dtype)
+    assert k.grouped == grouped
+    if grouped:
+        assert k.group == 32 and k.chunks_held == 4 and k.min_blocks == 4
+        if name != "backward-keep":  # its grid is a wave of the device's blocks
+            assert k.launch_config(17, n_dim)[:2] == ((3, 1, 1), (256, 1, 1))
+    assert cek.CosineEmbeddingLossBackward.for_n_dim(n_dim, dtype).launch_config(17, n_dim)[0] \
+        == (17, 1, 1)  # the seed's backward keeps one block a row
 
 
 @pytest.mark.parametrize("n_dim", [16385, 100_000, 1 << 20])
