@@ -476,14 +476,16 @@ class Kernel:
 class RowGroups:
     """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
     up to 64 chunks and 256 elements per row, and 16-bit rows of 513..1024 (four chunk pairs a
-    lane), GROUP = min(32, chunks) lanes of a warp own a row and a 256-thread block holds
+    lane), GROUP lanes of a warp own a row (min(32, chunks), half the chunks for float and
+    16-bit rows of 2..32 chunks: two pairs a lane) and a 256-thread block holds
     256 / GROUP rows. Wider rows keep one block per row."""
 
     launch_contract = (
         "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
         "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles), and 16-bit rows of "
         "BLOCK_SIZE 1024: 256 threads a block, "
-        "GROUP = min(32, BLOCK_SIZE/VEC) lanes per row, grid [ceil(n_rows / (256/GROUP)), 1, 1]. "
+        "GROUP = min(32, BLOCK_SIZE/VEC) lanes per row (half BLOCK_SIZE/VEC for float and 16-bit "
+        "rows of 2..32 chunks), grid [ceil(n_rows / (256/GROUP)), 1, 1]. "
         "Above: grid [n_rows, 1, 1], one block per row, threads as in the backward and forward "
         "kernels"
     )
@@ -513,7 +515,10 @@ class RowGroups:
 
     @property
     def group(self) -> int:
-        """Lanes per row on the row-group path."""
+        """Lanes per row on the row-group path: min(32, chunks), but half the chunks (two chunk
+        pairs a lane) for float and 16-bit rows of 2..32 chunks (CekTiling::GROUP)."""
+        if 2 <= self.row_chunks <= WARP and dtypes.get(self.dtype).array.itemsize in (2, 4):
+            return self.row_chunks // 2
         return min(WARP, self.row_chunks)
 
     def _grid_and_block(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple]:

@@ -20,8 +20,9 @@
 //   * row groups (the fused kernel and the *_rows variants of forward and backward, ROW_CHUNKS
 //     <= 64 and BLOCK_SIZE <= 256: 256 floats or halves, 128 doubles; and 16-bit rows of
 //     BLOCK_SIZE 1024, four chunk pairs a lane, CEK_GROUPED_16_BIT_SIZE): GROUP = min(32,
-//     ROW_CHUNKS) lanes of one warp own a row, 256 threads a block, so a block holds 256 / GROUP
-//     rows and the reduction is warp shuffles only. One block per row would leave a 128-float
+//     ROW_CHUNKS) lanes of one warp own a row (half the chunks, two pairs a lane, for float and
+//     16-bit rows of 2..32 chunks: CekTiling::GROUP), 256 threads a block, so a block holds
+//     256 / GROUP rows and the reduction is warp shuffles only. One block per row would leave a 128-float
 //     row a one-warp block: too few warps per SM to keep enough loads in flight, and a block
 //     launched for every 1 KB of input.
 #pragma once
@@ -93,7 +94,15 @@ struct CekTiling {
         STREAMED ? 1
                  : ROW_CHUNKS / CEK_MAX_THREADS > MIN_CHUNKS ? ROW_CHUNKS / CEK_MAX_THREADS
                                                              : MIN_CHUNKS;
-    static constexpr int GROUP = ROW_CHUNKS > CEK_WARP ? CEK_WARP : ROW_CHUNKS;
+    // Float and 16-bit rows of 2..32 chunks take two chunk pairs a lane (ROW_CHUNKS / 2 lanes a
+    // row): 64 bytes of loads a lane, and the row's shuffles and cosine over twice the bytes. At
+    // D = 128 on sm_90 the fused kernel takes 26% (float) and 40% (bfloat16) of the issue slots
+    // at the copy rate, with 97 KB in flight an SM, where one pair a lane took 43% and 53% with
+    // 64 KB and 49 KB (40 registers, 75%, as the row groups of 256 floats had already).
+    static constexpr int GROUP =
+        ROW_CHUNKS > CEK_WARP ? CEK_WARP
+        : ROW_CHUNKS >= 2 && sizeof(T) <= 4 && sizeof(T) >= 2 ? ROW_CHUNKS / 2
+                                                               : ROW_CHUNKS;
     static constexpr int GROUP_CHUNKS = ROW_CHUNKS / GROUP;
     static constexpr int GROUPED_THREADS = CEK_GROUPED_THREADS;
     // The most threads a one-block-per-row launch takes (a row of BLOCK_SIZE elements): the

@@ -29,9 +29,10 @@
 //   g = scale * dy[r * dy_stride]   dy_stride 1: one a row; 0: one for every row (a mean's or a
 //                                   sum's 0-d gradient, read in place; scale = 1/n_rows, or 1)
 // (scale Acc), and the fused kernel's launch contract: rows of up to 64 chunks and 256 elements
-// (float: n_dim <= 256), and 16-bit rows of 513..1024, in row groups, 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per
-// row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
-// narrow rows: one block per row gives a 128-float row a one-warp block (cek_row.cuh).
+// (float: n_dim <= 256), and 16-bit rows of 513..1024, in row groups, 256 threads a block,
+// GROUP (CekTiling::GROUP) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows
+// exactly as above. The faster variant for narrow rows: one block per row gives a 128-float row
+// a one-warp block (cek_row.cuh).
 //
 // cosine_embedding_loss_backward_keep: the _rows variant's arguments and results, for dx1 and dx2
 // that already hold the gradients for an upstream gradient of 1 (cek.torch's training step runs

@@ -18,7 +18,7 @@
 // cosine_embedding_loss_forward_rows: the same arguments and results, with the fused kernel's
 // launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256), and 16-bit
 // rows of 513..1024, in row groups,
-// 256 threads a block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid
+// 256 threads a block, GROUP (CekTiling::GROUP) lanes per row, grid
 // [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
 // narrow rows (cek_row.cuh). A mean or sum is a second launch, cosine_embedding_loss_reduce.
 #include "cek_row.cuh"

@@ -19,7 +19,7 @@
 // ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_row.cuh):
 //   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles), and 16-bit rows of
 //     BLOCK_SIZE 1024 (n_dim 513..1024, four chunk pairs a lane): row groups. 256 threads a
-//     block, GROUP = min(32, ROW_CHUNKS) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1,
+//     block, GROUP (CekTiling::GROUP) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1,
 //     1]: a warp or less per row, no barrier.
 //   Above: grid [n_rows, 1, 1], one block per row, threads as in the backward kernel.
 //
