@@ -1,5 +1,6 @@
 """CosineEmbeddingLossFused: the Kernel for kernels/cosine_embedding_loss_fused.cu."""
 
+from cek import dtypes
 from cek.cosine_embedding_loss_backward import MATRIX, ROW, upstream
 from cek.kernel import Arg, Kernel, RowGroups
 
@@ -39,6 +40,15 @@ class CosineEmbeddingLossFused(RowGroups, Kernel):
         Arg("n_dim", "int"),
         Arg("margin", "A"),
     )
+
+    @property
+    def min_blocks_from_sm100(self) -> int:
+        """Five blocks (48 registers) for 16-bit row groups of two chunk pairs a lane (rows of
+        17..256 values), where min_blocks asks six (40): there sm_120's ptxas (NVRTC 13.5)
+        spilled 4 to 8 bytes, which sm_80, sm_90 and sm_100 fit."""
+        if self.grouped and self.chunks_held == 2 and dtypes.get(self.dtype).array.itemsize == 2:
+            return min(self.min_blocks, 5)
+        return self.min_blocks
 
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         # Header of the .cu, without dy, with loss and y_out: cek.torch's training step of a
