@@ -22,9 +22,9 @@
 //     BLOCK_SIZE 1024, four chunk pairs a lane, CEK_GROUPED_16_BIT_SIZE): GROUP = min(32,
 //     ROW_CHUNKS) lanes of one warp own a row (half the chunks, two pairs a lane, for float and
 //     16-bit rows of 2..32 chunks: CekTiling::GROUP), 256 threads a block, so a block holds
-//     256 / GROUP rows and the reduction is warp shuffles only. One block per row would leave a 128-float
-//     row a one-warp block: too few warps per SM to keep enough loads in flight, and a block
-//     launched for every 1 KB of input.
+//     256 / GROUP rows and the reduction is warp shuffles only. One block per row would leave a
+//     128-float row a one-warp block: too few warps per SM to keep enough loads in flight, and
+//     a block launched for every 1 KB of input.
 #pragma once
 
 #include "cek_types.cuh"
