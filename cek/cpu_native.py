@@ -2,7 +2,9 @@
 
 cek.cpu calls `rows_function(name)` with the kernels' dtype name (f16, bf16, f32, f64: bfloat16
 comes as uint16 bits); None means "use NumPy": no g++ on PATH, a build that
-failed, a cache folder that cannot be written, or CEK_CPU_NATIVE=0 in the environment. The
+failed, a cache folder that cannot be written, a cached library that lacks the functions, or
+CEK_CPU_NATIVE=0 in the environment. A cached library is loaded only where cek.cache trusts it
+(the user's alone); else it is built in a private folder of the process. The
 compiled rows are bitwise those of the NumPy code, so which one ran changes no result, only
 the time (docs/cpu.md). `unavailable_reason()` says why NumPy is used.
 
@@ -44,7 +46,7 @@ def rows_function(name: str):
     library = _library()
     if library is None:
         return None
-    function = getattr(library, f"cek_cpu_rows_{name}")
+    function = library[f"cek_cpu_rows_{name}"]
     acc, pointer, size = _ACC[name], ctypes.c_void_p, ctypes.c_int64
     function.argtypes = [pointer, pointer, size, size, pointer, acc, acc, pointer, size,
                          pointer, pointer, pointer, pointer, pointer, size]
@@ -62,6 +64,7 @@ def unavailable_reason() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _library():
+    from cek import cache
     from cek.compile import CompileError
     from cek.emulate import build
     from cek.emulate.errors import CacheDirError
@@ -72,14 +75,22 @@ def _library():
         target = build.cache_dir() / "cpu" / f"rows-{key[:16]}.so"
 
         def compile_into(tmp: Path) -> Path:
-            _say_building(target.parent)  # only when the cache has no good copy
+            _say_building(tmp.parent)  # only when no good copy is found; tmp is in its folder
             out = tmp / "rows.so"
             build._run([build.CXX, *FLAGS, str(SOURCE), "-o", str(out)], "cek/cpu_native.cpp",
                        tmp)
             return out
 
-        return ctypes.CDLL(str(build._build_once(target, compile_into)))
-    except (RuntimeError, CompileError, CacheDirError, OSError, subprocess.SubprocessError) as exc:
+        path = build._build_once(target, compile_into)
+        names = [f"cek_cpu_rows_{name}" for name in _ACC]
+        missing = cache.missing_symbols(path, names)
+        if missing:  # a library of the user's own, in the cache under this name
+            raise RuntimeError(f"{path} lacks {', '.join(missing)}: remove it and cek builds it "
+                               "again")
+        library = ctypes.CDLL(str(path))
+        return {name: getattr(library, name) for name in names}
+    except (RuntimeError, CompileError, CacheDirError, OSError, subprocess.SubprocessError,
+            AttributeError) as exc:  # AttributeError: a function missing on a non-ELF system
         _why_not.append(f"{type(exc).__name__}: {exc}")
         return None
 

@@ -9,7 +9,9 @@ processes building the same library at once both succeed.
 
 A cached file is trusted only beside its checksum (`<file>.sha256`, written last, atomically):
 loading a truncated or garbled library would crash the process (a bus error, SIGILL), so a file
-whose checksum is missing or wrong is rebuilt. A `.build-*` folder that a killed build left
+whose checksum is missing or wrong is rebuilt. The checksum guards against a torn write, not
+against another writer: a file is loaded only where cek.cache trusts it (the user's alone), else
+it is built in a private folder of the process. A `.build-*` folder that a killed build left
 behind is removed by the next build: at once where its name says it was this host's and its
 process is gone, else once it is an hour old (a cache folder may be shared between hosts).
 """
@@ -22,12 +24,14 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from cek import cache
 from cek.compile import CompileError
 from cek.emulate.errors import CacheDirError
 from cek.kernel import Kernel
@@ -70,6 +74,9 @@ FLAVOURS = {
 RUNTIME_SOURCES = {"traffic": (RUNTIME, TRAFFIC)}
 DYNAMIC_SHARED_BYTES = 48 * 1024  # kDynamicSharedCapacity in runtime.cpp
 STALE_BUILD_S = 3600  # a .build-* folder this old belongs to a build that was killed
+# What runner.py calls in a kernel library of each flavour.
+SYMBOLS = {"plain": ("cek_launch", "cek_stop"), "traffic": ("cek_launch", "cek_stop",
+                                                            "cek_traffic_watch")}
 
 # `extern __shared__ T name[];`: the kernel declares it, the generated unit defines it.
 _DYNAMIC_SHARED = re.compile(r"\bextern\s+__shared__\s+[^;]*?\b([A-Za-z_]\w*)\s*\[\s*\]\s*;")
@@ -96,12 +103,17 @@ def cache_dir() -> Path:
     return path.absolute()
 
 
-def _writable_folder(path: Path) -> Path:
-    """`path`, created if need be; CacheDirError if it is not a folder this process can write."""
+def _private_folder(path: Path) -> Path:
+    """`path`, its missing levels created private; CacheDirError if it cannot be."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        cache.make_private(path)
     except OSError as exc:
         raise CacheDirError(path, exc.strerror or type(exc).__name__) from None
+    return path
+
+
+def _writable_folder(path: Path) -> Path:
+    """`path`; CacheDirError if it is not a folder this process can write."""
     if not os.access(path, os.W_OK | os.X_OK):
         raise CacheDirError(path, "not writable")
     return path
@@ -210,10 +222,13 @@ def _remove_stale_builds(folder: Path) -> None:
 
 def _build_once(target: Path, build) -> Path:
     """Run build(tmp_dir) -> file unless target exists with its checksum, then move the file and
-    then its checksum into place."""
+    then its checksum into place. `target` lies under cache_dir(); the file returned is there,
+    or in the process's private folder where cek.cache does not trust the cached one."""
+    _private_folder(target.parent)
+    target = cache.usable(cache_dir(), target)
     if _verified(target):
         return target
-    folder = _writable_folder(target.parent)
+    folder = _writable_folder(_private_folder(target.parent))
     _remove_stale_builds(folder)
     try:
         scratch = tempfile.TemporaryDirectory(dir=folder, prefix=_build_prefix())
@@ -224,6 +239,8 @@ def _build_once(target: Path, build) -> Path:
         try:
             checksum = Path(tmp) / "checksum"
             checksum.write_text(_file_digest(built) + "\n")
+            for written in (built, checksum):  # whatever the umask: trusted next time
+                os.chmod(written, stat.S_IMODE(written.stat().st_mode) & ~0o022)
             os.replace(built, target)
             os.replace(checksum, _checksum_path(target))
         except OSError as exc:  # a full disk, a folder made read-only meanwhile
@@ -279,6 +296,10 @@ def library(kernel: Kernel, flavour: str = "plain") -> Path:
             return out
 
         path = _build_once(target, build)
+        missing = cache.missing_symbols(path, SYMBOLS.get(flavour, SYMBOLS["plain"]))
+        if missing:
+            raise CacheDirError(path, f"a library without {', '.join(missing)}: remove it and "
+                                "cek builds it again")
         with _memo_lock:
             _memo[memo_key] = path
         return path
