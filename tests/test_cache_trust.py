@@ -62,12 +62,14 @@ __attribute__((constructor)) static void planted(void) {
 """
 
 
-def child(script, env, umask=None):
-    """Run `script` in a fresh process with this tree first on the path; (its JSON, stderr)."""
+def child(script, env, umask=None, marker=None):
+    """Run `script` in a fresh process with this tree first on the path; (its JSON, stderr).
+    `marker`: a file that must not exist after the run, whatever else happened."""
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO), "CEK_CPU_NATIVE": "1", **env},
         preexec_fn=None if umask is None else lambda: os.umask(umask))
+    assert marker is None or not marker.exists(), "the planted library's constructor ran"
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout), done.stderr
 
@@ -172,8 +174,7 @@ def test_a_planted_rows_library_is_not_loaded(cache, tmp_path, spoil):
     library = one(cache / "cpu", ROWS)
     marker = plant_marker(library, tmp_path)
     level = spoil(cache, library)
-    result, stderr = child(CPU, in_cache(cache))
-    assert not marker.exists(), "the planted library's constructor ran"
+    result, stderr = child(CPU, in_cache(cache), marker=marker)
     assert result["why_numpy"] is None  # the rows were built again, in a private folder
     assert result["compiles"] == 1
     assert_close(result["loss"], expected_cpu_loss(), np.float64, "loss")
@@ -191,8 +192,7 @@ def test_a_planted_emulator_library_is_not_loaded(cache, tmp_path, spoil):
     library = one(cache / "emulate", KERNEL)
     marker = plant_marker(library, tmp_path)
     level = spoil(cache, library)
-    result, stderr = child(EMULATE, in_cache(cache))
-    assert not marker.exists(), "the planted library's constructor ran"
+    result, stderr = child(EMULATE, in_cache(cache), marker=marker)
     assert_close(result["loss"], expected_emulate_losses(), np.float32, "loss")
     # The runtime object (in the same folder) and the kernel are built again; said once.
     assert result["compiles"] == (2 if level == library.parent else 1)
