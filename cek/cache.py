@@ -62,13 +62,15 @@ def distrust(root: Path, path: Path) -> tuple[Path, str] | None:
 
 
 def usable(root: Path, path: Path) -> Path:
-    """`path` (a file under `root`, or the name it will have) when it may be loaded; else the
-    same name in this process's private folder, after saying why once on stderr."""
+    """`path` (a file under `root`, or the name it will have; its folder made) when it may be
+    loaded; else the same name in this process's private folder, after saying why once on
+    stderr."""
     found = distrust(root, path)
     if found is None:
         return path
     level, reason = found
     instead = private_folder() / path.parent.name
+    instead.mkdir(mode=0o700, exist_ok=True)
     if level == path:
         fix = f"remove it (rm {level})"
     elif reason.startswith("group"):

@@ -103,7 +103,7 @@ def cache_dir() -> Path:
     return path.absolute()
 
 
-def _private_folder(path: Path) -> Path:
+def _made_folder(path: Path) -> Path:
     """`path`, its missing levels created private; CacheDirError if it cannot be."""
     try:
         cache.make_private(path)
@@ -224,11 +224,10 @@ def _build_once(target: Path, build) -> Path:
     """Run build(tmp_dir) -> file unless target exists with its checksum, then move the file and
     then its checksum into place. `target` lies under cache_dir(); the file returned is there,
     or in the process's private folder where cek.cache does not trust the cached one."""
-    _private_folder(target.parent)
-    target = cache.usable(cache_dir(), target)
+    target = cache.usable(cache_dir(), _made_folder(target.parent) / target.name)
     if _verified(target):
         return target
-    folder = _writable_folder(_private_folder(target.parent))
+    folder = _writable_folder(target.parent)
     _remove_stale_builds(folder)
     try:
         scratch = tempfile.TemporaryDirectory(dir=folder, prefix=_build_prefix())
