@@ -28,7 +28,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from cek import cosine_embedding_loss_split as split
-from cek import gpu
+from cek import gpu, validate
 from cek.kernel import c_scalar
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
@@ -58,6 +58,16 @@ def _rows(x1, x2, target):
     if y.dtype == torch.float64 and acc != torch.float64:
         y = torch.where(y == 1, 1.0, torch.where(y == -1, -1.0, 0.0))
     return a1, a2, _to(y, acc).contiguous()
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_problem(n, d, dtype):
+    """ValueError for a problem no kernel takes (rows too wide, too many rows or blocks),
+    before anything is allocated or launched. Here, where N and D are numbers, not in the code
+    torch.compile traces, where they may be symbolic and a check would specialise them."""
+    kernel_dtype = KERNEL_DTYPES[dtype]
+    validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
+                               split.blocks_per_row(n, d, kernel_dtype))
 
 
 def _stored(tensor):
@@ -200,6 +210,7 @@ def forward(x1, x2, target, margin, reduction):
     the split's pair for a few wide rows."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
+    _check_problem(n, d, x1.dtype)
     rows = _like(y)  # each row's loss, like the labels
     sums = _partials(x1, a1, a2)
     if sums is not None:
@@ -250,6 +261,7 @@ def fused_forward(x1, x2, target, margin, reduction):
     reduction of a mean or a sum."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
+    _check_problem(n, d, x1.dtype)
     rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
     if n == 0:
         return _reduced(rows, x1, reduction), (dx1, dx2, None, None)
@@ -318,6 +330,7 @@ def backward(grad, x1, x2, target, margin, reduction):
     reads `grad` in place on the device, with the mean's 1/N as its scale."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
+    _check_problem(n, d, x1.dtype)
     dx1, dx2 = _like(a1), _like(a1)
     if n == 0:
         return _shaped(dx1, x1), _shaped(dx2, x1)
