@@ -214,6 +214,23 @@ def test_inductor_dynamic_batch():
     _check(Case(_sizes((3, 4, 5, 6)), backend="inductor", reduction="none"))
 
 
+@pytest.mark.emulator
+def test_rows_no_kernel_takes_are_refused_when_the_compiled_step_runs(cuda):
+    """The check of N and D against the kernels runs inside the ops, where sizes are numbers:
+    a compiled step on rows wider than the split takes raises cek's ValueError, naming D,
+    before any launch, as the eager call does."""
+    from cek import cosine_embedding_loss_split as split
+
+    d = split.max_n_dim("f32") + 1
+    x = torch.ones(2, d).as_subclass(CudaLike)
+    step = torch.compile(lambda a, b, t: ct.cosine_embedding_loss(a, b, t, 0.1),
+                         backend="eager", fullgraph=True, dynamic=True)
+    with pytest.raises(ValueError, match=str(d)):
+        step(x, x, torch.ones(2).as_subclass(CudaLike))
+    assert cuda.launches == []
+    torch._dynamo.reset()
+
+
 class _Loss(torch.nn.Module):
     def __init__(self, function):
         super().__init__()
