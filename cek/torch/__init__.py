@@ -70,7 +70,8 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     for name, value in (("input1", input1), ("input2", input2), ("target", target)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if isinstance(margin, torch.Tensor) and torch.compiler.is_compiling():
+    if type(margin) is not float and isinstance(margin, torch.Tensor) \
+            and torch.compiler.is_compiling():  # (a float first: isinstance on Tensor is slow)
         return _tensor_margin(input1, input2, target, margin, reduction=reduction)
     device_type = input1.device.type
     autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
