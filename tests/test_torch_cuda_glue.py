@@ -446,9 +446,9 @@ def test_compiled_step_on_cuda_tensors(cuda):
 
 def test_compiled_steps_of_changing_shapes_trace_the_split_choice(cuda):
     """torch.compile(fullgraph=True, dynamic=True) over shapes one block a row takes and one it
-    splits: the checks that choose (cek.cosine_embedding_loss_split.splits) trace on symbolic
-    sizes without a warning (an lru_cache there made dynamo warn), and each step launches the
-    kernels of its shape."""
+    splits: the choice (cek.cosine_embedding_loss_split.splits) and the check of the sizes are
+    made inside the ops, on real sizes, so tracing warns of nothing (an lru_cache once traced
+    there made dynamo warn), and each step launches the kernels of its shape."""
     import warnings
 
     torch._dynamo.reset()

@@ -47,9 +47,8 @@ import torch
 from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 
-from cek import cosine_embedding_loss_split as split
 from cek import validate
-from cek.torch import _composite, _cuda, _ops
+from cek.torch import _composite, _ops
 
 __all__ = ["CosineEmbeddingLoss", "ShapeError", "cosine_embedding_loss"]
 
@@ -71,6 +70,9 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     for name, value in (("input1", input1), ("input2", input2), ("target", target)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if type(margin) is not float and isinstance(margin, torch.Tensor) \
+            and torch.compiler.is_compiling():  # (a float first: isinstance on Tensor is slow)
+        return _tensor_margin(input1, input2, target, margin, reduction=reduction)
     device_type = input1.device.type
     autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
     if autocast:
@@ -84,6 +86,12 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
         with torch.autocast(device_type=device_type, enabled=False):
             return _apply(input1, input2, target, margin, reduction, device_type, fuse)
     return _apply(input1, input2, target, margin, reduction, device_type, fuse)
+
+
+# A tensor margin's value is read on the host, which torch.compile cannot trace: torch's own
+# loss breaks the graph at that read and runs uncompiled; so does cek's, as one call.
+_tensor_margin = torch.compiler.disable(cosine_embedding_loss,
+                                        reason="a tensor margin's value is read on the host")
 
 
 class CosineEmbeddingLoss(torch.nn.Module):
@@ -128,8 +136,8 @@ def _fuses(input1, input2, target, margin, keep) -> bool:
     """Whether the call runs the eager route's fused kernel (CUDA inputs whose gradients
     autograd will want, a finite margin, plain tensors outside torch.compile and transforms),
     which writes the copy of the labels its backward reads (cek/torch/_ops.py, Eager)."""
-    return (keep and input1.is_cuda and math.isfinite(margin)
-            and not torch.compiler.is_compiling()
+    return (keep and input1.is_cuda and not torch.compiler.is_compiling()
+            and math.isfinite(margin)  # (a concrete float: not compiling)
             and not _composite_route("cuda", input1, input2, target)
             and _plain_eager("cuda", input1, input2, target))
 
@@ -209,6 +217,10 @@ def _margin(margin):
         return float(margin)
     if not isinstance(margin, (int, float, np.integer, np.floating, np.bool_, torch.SymInt,
                                torch.SymFloat)):
+        if torch.compiler.is_compiling():  # where dynamo shows a NumPy number as a 0-d array
+            if isinstance(margin, np.ndarray) and margin.ndim == 0:
+                return torch.sym_float(margin)  # its value specialises, as for torch's loss
+            raise TypeError(f"margin must be a float, got {type(margin).__name__}")
         raise TypeError(f"margin must be a float, got {type(margin).__name__} {margin!r}")
     return torch.sym_float(margin)  # an int beyond float's range: OverflowError, as in torch
 
@@ -279,27 +291,34 @@ def _plan(input1, input2, target):
         raise ShapeError(f"The size of tensor a ({width1}) must match the size of tensor b "
                          f"({width2}) at non-singleton dimension {dims - 1}: the width D of "
                          f"input1 {shape1} and input2 {shape2} differ")
-    counts = {shape1[0], shape2[0], shape_t[0]} - {1} if dims == 2 else set()
-    if len(counts) > 1:  # torch's broadcasting of the rows: each count is N or 1
-        a, b = (shape1[0], shape2[0]) if len({shape1[0], shape2[0]} - {1}) > 1 else \
-            (shape_t[0], shape1[0] if shape2[0] == 1 else shape2[0])
-        raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) "
-                         f"at non-singleton dimension 0: the rows of input1 {shape1}, input2 "
-                         f"{shape2} and target {shape_t} do not broadcast (each count must be "
-                         f"N or 1)")
+    rows = (_row_count(shape1[0], shape2[0], shape_t[0], (shape1, shape2, shape_t)),) \
+        if dims == 2 else ()
     if width1 != width2:  # torch would broadcast D too, but then each norm runs over its own
         raise ShapeError(  # width: a different loss, not cek's (docs/torch.md)
             f"the width D of input1 ({width1}) must match the size of input2's ({width2}): "
             f"got {shape1} and {shape2}")
-    rows = ((counts.pop() if counts else 1),) if dims == 2 else ()
     # torch's result dtype: each squared norm plus the float EPS is in its input's float dtype
     # (the default dtype for an integer or bool input), and the cosine promotes the two.
     dtype = torch.promote_types(*(t.dtype if t.dtype in _FLOATS else torch.get_default_dtype()
                                   for t in (input1, input2)))
-    if input1.is_cuda:  # (CuPy itself is asked for in the ops, which run outside tracing)
-        n, d, kernel_dtype = rows[0] if rows else 1, shape1[-1], _cuda.KERNEL_DTYPES[dtype]
-        validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
-                                   split.blocks_per_row(n, d, kernel_dtype))
     shape = (*rows, shape1[-1])
     expand = shape1 != shape or shape2 != shape or shape_t != rows
     return dtype, shape, rows, expand
+
+
+def _row_count(n1, n2, n_target, shapes):
+    """N, the rows of torch's broadcasting of the counts of input1, input2 and the target (each
+    must be N or 1), or torch's error: input1 * input2 fails first, then the target against
+    their rows. Only comparisons, as torch's broadcasting makes, so that a symbolic N under
+    torch.compile and torch.export stays symbolic (a set of the counts would hash it)."""
+    rows = n2 if n1 == 1 else n1
+    if n2 != 1 and n2 != rows:
+        a, b = n1, n2
+    elif n_target != 1 and rows != 1 and n_target != rows:
+        a, b = n_target, rows
+    else:
+        return n_target if rows == 1 else rows
+    raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at "
+                     f"non-singleton dimension 0: the rows of input1 {shapes[0]}, input2 "
+                     f"{shapes[1]} and target {shapes[2]} do not broadcast (each count must be "
+                     f"N or 1)")

@@ -28,7 +28,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from cek import cosine_embedding_loss_split as split
-from cek import gpu
+from cek import gpu, validate
 from cek.kernel import c_scalar
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
@@ -146,14 +146,17 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
     """Launch the kernel of x1's dtype for width d on x1's device and torch's current stream
     there, taken per call: the current stream may change between calls. `tensors` are the
     kernel's pointer arguments in order (None for an absent optional one); `scalars` its
-    float arguments and its ints but n_rows and n_dim, by name. The first launch of a signature
+    float arguments and its ints but n_rows and n_dim, by name. A signature not seen before has
+    its sizes checked first (_check_problem). The first launch of a signature
     compiles and loads the kernel where it has not run on this device yet, which a CUDA-graph
     capture forbids: there it raises cek.gpu.CaptureError, naming the warm-up to do."""
+    key = _signature(kernel_class, x1.dtype, n, d, tensors)
+    plan = _plans.get(key)
+    if plan is None:
+        _check_problem(n, d, x1.dtype)
     cupy = gpu.require_cupy()
     device = x1.device
     stream = _StreamHandle(torch.cuda.current_stream(device))
-    key = _signature(kernel_class, x1.dtype, n, d, tensors)
-    plan = _plans.get(key)
     with cupy.cuda.Device(device.index):
         if plan is not None:
             grid, block, shared_mem = plan.config
@@ -171,6 +174,18 @@ def _launch(kernel_class, x1, tensors, n, d, **scalars):
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
     _plans[key] = _Plan(kernel, args, function, config)
+
+
+def _check_problem(n, d, dtype):
+    """ValueError for a problem no kernel takes (rows too wide, too many rows or blocks). Here,
+    where N and D are numbers, not in the code torch.compile traces, where they may be symbolic
+    and a check would specialise them. A call's first launch is of its rows (N x D), so a
+    problem no kernel takes is refused before anything runs; a later launch of a signature seen
+    before has passed it (the reduction's launches: a block of REDUCE_THREADS for rows of any
+    width)."""
+    kernel_dtype = KERNEL_DTYPES[dtype]
+    validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
+                               split.blocks_per_row(n, d, kernel_dtype))
 
 
 def _views(cupy, kernel, tensors):
