@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 import cek.torch as ct  # noqa: E402
 import test_torch_error_inputs as errors  # noqa: E402
 import test_torch_suite as suite  # noqa: E402
+from cek import gpu  # noqa: E402
 from cek.torch import _patch  # noqa: E402
 
 TORCH_FUNCTION = F.cosine_embedding_loss  # as imported, before any patch
@@ -297,3 +298,20 @@ def test_compiled_with_aot_eager_has_no_graph_break(served):
     fn(x1, x2, y).backward()
     assert counter.frame_count == 1
     assert x1.grad is not None and x2.grad is not None
+
+
+@pytest.mark.parametrize("error", [
+    lambda: gpu.NoDeviceError("no CUDA device found"),
+    lambda: gpu.CaptureError("warm up first"),
+    lambda: torch.OutOfMemoryError("out of memory"),
+])
+def test_cek_failing_where_it_runs_is_not_hidden_behind_torch(served, monkeypatch, error):
+    """No CuPy or device, a first launch under CUDA-graph capture, the memory exhausted: cek's
+    error, raised. Handed to torch's function, a caller who patched cek in would run (or
+    capture) torch's loss without a word."""
+    def failing(*args, **kwargs):
+        raise error()
+
+    monkeypatch.setattr(ct, "cosine_embedding_loss", failing)
+    with pytest.raises(type(error())):
+        F.cosine_embedding_loss(torch.randn(4, 3), torch.randn(4, 3), torch.ones(4))
