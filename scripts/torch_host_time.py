@@ -9,8 +9,8 @@ tensors: at 4 x 8 its ~50 small ops are nearly all host time; on wider inputs it
 on the CPU counts too, which on a GPU would not be host time. cek's step allocates its N x D
 buffers from the CPU's allocator, not from CUDA's caching one. cek's step runs everything a
 CUDA step runs on the host (the public function and its checks, the eager autograd.Function,
-labels and upstream gradient, the launch plans with the tensors' pointers, cek.gpu.launch, the device and stream glue) on CPU tensors that answer
-is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the call of the
+labels and upstream gradient, the launch plans with the tensors' pointers, cek.gpu.launch,
+the device and stream glue) on CPU tensors that answer is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the call of the
 compiled kernel does nothing. The untimed first step is the one that checks each signature in
 full (DLPack views, cek.gpu.launch's checks); the timed ones are a training loop's. The
 subclass that answers is_cuda costs torch a lookup on each op on it that a CUDA tensor does
