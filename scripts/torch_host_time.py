@@ -5,19 +5,18 @@ this loss, on tiny CPU tensors, in one run.
 
 A step is `loss_fn(x1, x2, y, margin=0.1).backward()` on N x D float32 inputs that require grad
 (4 x 8 unless --shape says otherwise; repeatable). torch's step is F.cosine_embedding_loss on CPU
-tensors: at 4 x 8 its ~50 small ops are nearly all host time; on wider inputs its arithmetic
-on the CPU counts too, which on a GPU would not be host time. cek's step allocates its N x D
-buffers from the CPU's allocator, not from CUDA's caching one. cek's step runs everything a
-CUDA step runs on the host (the public function and its checks, the eager autograd.Function,
-labels and upstream gradient, the launch plans with the tensors' pointers, cek.gpu.launch,
-the device and stream glue) on CPU tensors that answer is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the call of the
-compiled kernel does nothing. The untimed first step is the one that checks each signature in
-full (DLPack views, cek.gpu.launch's checks); the timed ones are a training loop's. The
-subclass that answers is_cuda costs torch a lookup on each op on it that a CUDA tensor does
-not (with x2 and the labels plain, a step took about 2.5 us less on the 2-core CPU
-development machine): the figure errs on cek's side. Repetitions interleave the two and
-each keeps its best, so a busy machine slows both alike. `--profile` prints cProfile's view
-of cek's steps instead.
+tensors: at 4 x 8 its ~50 small ops are nearly all host time; on wider inputs its arithmetic on the
+CPU counts too, which on a GPU would not be host time. cek's step allocates its N x D buffers from
+the CPU's allocator, not from CUDA's caching one. cek's step runs everything a CUDA step runs on the
+host (the public function and its checks, the eager autograd.Function, labels and upstream gradient,
+the launch plans with the tensors' pointers, cek.gpu.launch, the device and stream glue) on CPU
+tensors that answer is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the
+call of the compiled kernel does nothing. The untimed first step is the one that checks each
+signature in full (DLPack views, cek.gpu.launch's checks); the timed ones are a training loop's. The
+subclass that answers is_cuda costs torch a lookup on each op on it that a CUDA tensor does not
+(with x2 and the labels plain, a step took about 2.5 us less on the 2-core CPU development machine):
+the figure errs on cek's side. Repetitions interleave the two and each keeps its best, so a busy
+machine slows both alike. `--profile` prints cProfile's view of cek's steps instead.
 """
 
 import argparse
