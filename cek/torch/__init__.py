@@ -323,6 +323,7 @@ def _row_count(n1, n2, n_target, shapes):
                      f"{shapes[1]} and target {shapes[2]} do not broadcast (each count must be "
                      f"N or 1)")
 
+
 # cek in place of torch's function, for code that calls torch's (cek/torch/_patch.py)
 from cek.torch._patch import patch, patched, unpatch  # noqa: E402
 
