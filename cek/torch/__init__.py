@@ -89,9 +89,11 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
 
 
 # A tensor margin's value is read on the host, which torch.compile cannot trace: torch's own
-# loss breaks the graph at that read and runs uncompiled; so does cek's, as one call.
-_tensor_margin = torch.compiler.disable(cosine_embedding_loss,
-                                        reason="a tensor margin's value is read on the host")
+# loss breaks the graph at that read and runs uncompiled; so does cek's, as one call. Not
+# torch.compiler.disable, which imports torch._dynamo (a second of import time, and dynamo's
+# table of torch's functions, which cek.torch.patch() must see built before it patches): this
+# wrapper imports it at its first call, which comes from a compiling frame, where it is loaded.
+_tensor_margin = torch._disable_dynamo(cosine_embedding_loss)
 
 
 class CosineEmbeddingLoss(torch.nn.Module):
