@@ -33,6 +33,24 @@ SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
 MAX_BLOCKS_PER_SM = 32
 
 
+# Resident threads and blocks an SM holds, by the lowest __CUDA_ARCH__ they hold from (highest
+# first): what ptxas takes __launch_bounds__' blocks an SM against. A value of more blocks, or
+# of more threads, is "out of range" and ignored with a warning (NVRTC 13.5: sm_75 and sm_107
+# 1024 and 16; sm_86 to sm_88 1536 and 16; sm_89, sm_110, sm_120 and sm_121 1536 and 24; the
+# rest 2048 and 32). sm_101, NVRTC 12.9's name for what 13.0 calls sm_110, is taken to be sm_110.
+SM_LIMITS = ((1100, 1536, 24), (1070, 1024, 16), (1030, 2048, 32), (1010, 1536, 24),
+             (1000, 2048, 32), (900, 2048, 32), (890, 1536, 24), (860, 1536, 16), (800, 2048, 32),
+             (750, 1024, 16), (700, 2048, 32))
+
+
+def sm_limits(arch: int) -> tuple[int, int]:
+    """(threads, blocks) resident on an SM of `arch` (__CUDA_ARCH__: 800 for sm_80)."""
+    for lowest, threads, blocks in SM_LIMITS:
+        if arch >= lowest:
+            return threads, blocks
+    raise ValueError(f"arch must be 700 (sm_70) or later, got {arch}")
+
+
 @dataclass(frozen=True)
 class Arg:
     """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
@@ -172,13 +190,31 @@ class Kernel:
         )
 
     def _min_blocks_expression(self) -> str:
-        """__launch_bounds__'s blocks an SM: min_blocks, or where a class asks fewer below sm_80
-        (min_blocks_before_sm80) or from sm_100 on (min_blocks_from_sm100), an expression of
-        the arch NVRTC compiles for; the code for sm_80 to sm_90 is the same either way."""
+        """__launch_bounds__'s blocks an SM, as an expression of the arch NVRTC compiles for:
+        min_blocks_on(arch) for each row of SM_LIMITS, the same values merged."""
+        values = [(arch, self.min_blocks_on(arch)) for arch, _, _ in SM_LIMITS]
+        merged = [values[0]]
+        for arch, value in values[1:]:
+            if value == merged[-1][1]:
+                merged[-1] = (arch, value)  # the same value from this lower arch up
+            else:
+                merged.append((arch, value))
+        text = str(merged[-1][1])
+        for arch, value in reversed(merged[:-1]):
+            text = f"__CUDA_ARCH__ >= {arch} ? {value} : {text}"
+        return text
+
+    def min_blocks_on(self, arch: int) -> int:
+        """The blocks an SM the entry point asks of ptxas on `arch` (__CUDA_ARCH__, 800 for
+        sm_80): min_blocks (or what a class asks below sm_80 or from sm_100 on), but 1 where
+        that many blocks of max_threads do not fit the arch's SM (SM_LIMITS), whose ptxas would
+        ignore the hint with a warning on every compile. A budget for fewer blocks there would
+        be a register budget no spill test has held (tests/test_compile.py compiles sm_80 and
+        sm_90, tests/test_nvrtc.py a few more archs)."""
         low, mid, high = self.min_blocks_before_sm80, self.min_blocks, self.min_blocks_from_sm100
-        if low == mid == high:
-            return str(mid)
-        return f"__CUDA_ARCH__ >= 1000 ? {high} : __CUDA_ARCH__ >= 800 ? {mid} : {low}"
+        asked = high if arch >= 1000 else mid if arch >= 800 else low
+        threads, blocks = sm_limits(arch)
+        return asked if asked <= blocks and asked * self.max_threads <= threads else 1
 
     @property
     def min_blocks_from_sm100(self) -> int:

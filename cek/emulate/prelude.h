@@ -15,6 +15,7 @@
 //                reinterpret_cast vector loads and stores; __ldg and __stcs of any of them or a
 //                scalar.
 //   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
+//                __int_as_float __longlong_as_double;
 //                atomicAdd on float, int and unsigned.
 //   Memory       __threadfence() (a sequentially consistent fence: blocks run one after
 //                another, so every store is visible to later blocks anyway).
@@ -168,6 +169,12 @@ __device__ __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ float __fdividef(float a, float b) { return a / b; }
 __device__ __forceinline__ float __expf(float x) { return expf(x); }
 __device__ __forceinline__ float __logf(float x) { return logf(x); }
+__device__ __forceinline__ float __int_as_float(int bits) {
+    return __builtin_bit_cast(float, bits);
+}
+__device__ __forceinline__ double __longlong_as_double(long long bits) {
+    return __builtin_bit_cast(double, bits);
+}
 
 // Fibers never preempt one another, but relaxed atomics (as CUDA's are) keep ThreadSanitizer
 // from calling two atomicAdds a race while still reporting a plain access that races with one.
