@@ -304,7 +304,10 @@ class Kernel:
     @property
     def max_threads(self) -> int:
         """The block size the entry point promises in __launch_bounds__: the most threads a row
-        of BLOCK_SIZE elements takes (CekTiling::THREADS), so ptxas budgets registers for it."""
+        of BLOCK_SIZE elements takes (CekTiling::THREADS), so ptxas budgets registers for it;
+        for a kernel without a launch contract (a test's probe), the most a block may have."""
+        if not self._has_launch_contract():
+            return MAX_THREADS
         return self.threads(self.block_size)
 
     @property

@@ -501,12 +501,13 @@ def test_blocks_an_sm_fit_each_arch_or_are_one(cls, dtype):
     # ptxas ignores (with a warning) a blocks-an-SM hint that the arch's SM cannot hold; the
     # entry point asks 1 there, and min_blocks, or a class's own, wherever it fits.
     limits = {750: (1024, 16), 800: (2048, 32), 860: (1536, 16), 870: (1536, 16),
-              890: (1536, 24), 900: (2048, 32), 1000: (2048, 32), 1030: (2048, 32), 1070: (1024, 16),
-              1100: (1536, 24), 1200: (1536, 24), 1210: (1536, 24)}
+              890: (1536, 24), 900: (2048, 32), 1000: (2048, 32), 1030: (2048, 32),
+              1070: (1024, 16), 1100: (1536, 24), 1200: (1536, 24), 1210: (1536, 24)}
     for block_size in cls.block_sizes():
         k = cls(block_size, dtype)
         text = k._min_blocks_expression()
         for arch, (threads, blocks) in limits.items():
-            asked = k.min_blocks_from_sm100 if arch >= 1000 else k.min_blocks
+            asked = k.min_blocks_from_sm100 if arch >= 1000 else \
+                k.min_blocks if arch >= 800 else k.min_blocks_before_sm80
             fits = asked <= blocks and asked * k.max_threads <= threads
             assert _evaluate_arch_expression(text, arch) == (asked if fits else 1), (k.id, arch)

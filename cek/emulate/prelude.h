@@ -23,9 +23,13 @@
 //   - a barrier that completes while a thread of the block has exited (exited threads count as
 //     arrived, as in PTX, and so this is reported rather than hidden);
 //   - two __syncthreads call sites in one phase; a shuffle whose lanes sit at different sites
-//     or pass different masks;
+//     or pass different masks. A site is a source line and the path of calls that reached it:
+//     a helper called from two places is two sites, as each inlined copy is on a GPU, and the
+//     message names both callers;
 //   - a shuffle reading a lane that has exited, does not exist or is not in the mask;
 //   - no runnable thread left (deadlock); a misaligned vector access (-fsanitize=alignment).
+// A block of more threads than the entry point's __launch_bounds__ is refused before the launch
+// (a ValueError naming both numbers), as the driver refuses it.
 // Not emulated: spin-waits on memory (threads are never preempted, so one hangs the launch),
 // warp-synchronous code without __*_sync, inline PTX (`asm`: guard it with #ifdef __CUDA_ARCH__
 // and give a C++ fallback, as kernels/cek_types.cuh does), and anything not listed above.
