@@ -43,10 +43,10 @@ class Planted(Kernel):
         return f'#line 1 "{self.path}"\n{self.path.read_text()}'
 
 
-def run_planted(stem, n_rows=2, n_dim=64, threads=64, shared_mem=0, **options):
+def run_planted(stem, n_rows=2, n_dim=64, threads=64, shared_mem=0, kernel=None, **options):
     x = np.arange(n_rows * n_dim, dtype=np.float32).reshape(n_rows, n_dim)
     out = np.full_like(x, np.nan)
-    launch = emulate.load(Planted(stem), **options)
+    launch = emulate.load(kernel or Planted(stem), **options)
     launch((n_rows,), (threads,), (x, out, n_rows, n_dim), shared_mem=shared_mem)
     return x, out
 
@@ -202,6 +202,23 @@ def test_a_helper_called_from_both_arms_of_a_branch_is_two_sites(stem, what, hel
     assert "thread (1,0,0) of block (0,0,0)" in message, message
     assert f" here (called from {source}:{callers[0]}) " in message, message
     assert f" at {source}:{helper} (called from {source}:{callers[1]})" in message, message
+
+
+class RelativelyNamed(Planted):
+    """A planted kernel under a `kernels/...` name, as cek.sources names the kernels' files."""
+
+    @property
+    def kernel_source(self) -> str:
+        return f'#line 1 "kernels/{self.path.name}"\n{self.path.read_text()}'
+
+
+def test_callers_in_a_relatively_named_file_are_named_as_the_file_is():
+    # g++ writes a relative name into the line tables joined to the folder it was built in,
+    # a scratch folder that is gone: the callers are named as the site is.
+    with pytest.raises(KernelError) as caught:
+        run_planted("divergent_helper_shuffle", kernel=RelativelyNamed("divergent_helper_shuffle"))
+    assert str(caught.value).startswith("kernels/divergent_helper_shuffle.cu:5: divergent shuffle")
+    assert " here (called from kernels/divergent_helper_shuffle.cu:14) " in str(caught.value)
 
 
 @pytest.mark.parametrize("schedule", ["forward", "reverse", "random:3"])
