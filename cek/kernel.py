@@ -33,6 +33,24 @@ SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
 MAX_BLOCKS_PER_SM = 32
 
 
+# Resident threads and blocks an SM holds, by the lowest __CUDA_ARCH__ they hold from (highest
+# first): what ptxas takes __launch_bounds__' blocks an SM against. A value of more blocks, or
+# of more threads, is "out of range" and ignored with a warning (NVRTC 13.5: sm_75 and sm_107
+# 1024 and 16; sm_86 to sm_88 1536 and 16; sm_89, sm_110, sm_120 and sm_121 1536 and 24; the
+# rest 2048 and 32). sm_101, NVRTC 12.9's name for what 13.0 calls sm_110, is taken to be sm_110.
+SM_LIMITS = ((1100, 1536, 24), (1070, 1024, 16), (1030, 2048, 32), (1010, 1536, 24),
+             (1000, 2048, 32), (900, 2048, 32), (890, 1536, 24), (860, 1536, 16), (800, 2048, 32),
+             (750, 1024, 16), (700, 2048, 32))
+
+
+def sm_limits(arch: int) -> tuple[int, int]:
+    """(threads, blocks) resident on an SM of `arch` (__CUDA_ARCH__: 800 for sm_80)."""
+    for lowest, threads, blocks in SM_LIMITS:
+        if arch >= lowest:
+            return threads, blocks
+    raise ValueError(f"arch must be 700 (sm_70) or later, got {arch}")
+
+
 @dataclass(frozen=True)
 class Arg:
     """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
@@ -112,14 +130,9 @@ class Kernel:
                 raise ValueError(f"two kernel classes named {short!r}")
             _REGISTRY[short] = cls
 
-    launch_contract: ClassVar[str] = (
-        "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
-        "VEC = 16/sizeof(T) elements per chunk (float: 4); threads = smallest multiple of 32 "
-        "with threads * VEC * CHUNKS >= n_dim, CHUNKS = max(1, BLOCK_SIZE/VEC/1024), at least "
-        "2 for float from BLOCK_SIZE 1024, but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 "
-        "(not double; a thread then holds one element past its chunks); 1024 above BLOCK_SIZE "
-        "16384 (8192 for double), where the row is streamed"
-    )
+    # The launch in words, as `cek list` prints it: written by _one_block_a_row_contract below
+    # from the code that sizes launches, so that the text and launch_config cannot disagree.
+    launch_contract: ClassVar[str]
 
     def __init__(self, block_size: int, dtype: str = "f32"):
         self.dtype = dtypes.get(dtype).name
@@ -172,13 +185,31 @@ class Kernel:
         )
 
     def _min_blocks_expression(self) -> str:
-        """__launch_bounds__'s blocks an SM: min_blocks, or where a class asks fewer below sm_80
-        (min_blocks_before_sm80) or from sm_100 on (min_blocks_from_sm100), an expression of
-        the arch NVRTC compiles for; the code for sm_80 to sm_90 is the same either way."""
+        """__launch_bounds__'s blocks an SM, as an expression of the arch NVRTC compiles for:
+        min_blocks_on(arch) for each row of SM_LIMITS, the same values merged."""
+        values = [(arch, self.min_blocks_on(arch)) for arch, _, _ in SM_LIMITS]
+        merged = [values[0]]
+        for arch, value in values[1:]:
+            if value == merged[-1][1]:
+                merged[-1] = (arch, value)  # the same value from this lower arch up
+            else:
+                merged.append((arch, value))
+        text = str(merged[-1][1])
+        for arch, value in reversed(merged[:-1]):
+            text = f"__CUDA_ARCH__ >= {arch} ? {value} : {text}"
+        return text
+
+    def min_blocks_on(self, arch: int) -> int:
+        """The blocks an SM the entry point asks of ptxas on `arch` (__CUDA_ARCH__, 800 for
+        sm_80): min_blocks (or what a class asks below sm_80 or from sm_100 on), but 1 where
+        that many blocks of max_threads do not fit the arch's SM (SM_LIMITS), whose ptxas would
+        ignore the hint with a warning on every compile. A budget for fewer blocks there would
+        be a register budget no spill test has held (tests/test_compile.py compiles sm_80 and
+        sm_90, tests/test_nvrtc.py a few more archs)."""
         low, mid, high = self.min_blocks_before_sm80, self.min_blocks, self.min_blocks_from_sm100
-        if low == mid == high:
-            return str(mid)
-        return f"__CUDA_ARCH__ >= 1000 ? {high} : __CUDA_ARCH__ >= 800 ? {mid} : {low}"
+        asked = high if arch >= 1000 else mid if arch >= 800 else low
+        threads, blocks = sm_limits(arch)
+        return asked if asked <= blocks and asked * self.max_threads <= threads else 1
 
     @property
     def min_blocks_from_sm100(self) -> int:
@@ -273,7 +304,10 @@ class Kernel:
     @property
     def max_threads(self) -> int:
         """The block size the entry point promises in __launch_bounds__: the most threads a row
-        of BLOCK_SIZE elements takes (CekTiling::THREADS), so ptxas budgets registers for it."""
+        of BLOCK_SIZE elements takes (CekTiling::THREADS), so ptxas budgets registers for it;
+        for a kernel without a launch contract (a test's probe), the most a block may have."""
+        if not self._has_launch_contract():
+            return MAX_THREADS
         return self.threads(self.block_size)
 
     @property
@@ -480,15 +514,7 @@ class RowGroups:
     16-bit rows of 2..32 chunks: two pairs a lane) and a 256-thread block holds
     256 / GROUP rows. Wider rows keep one block per row."""
 
-    launch_contract = (
-        "BLOCK_SIZE = next_power_of_two(n_dim), VEC = 16/sizeof(T). Up to 64 chunks per row "
-        "and BLOCK_SIZE <= 256 (256 floats or halves, 128 doubles), and 16-bit rows of "
-        "BLOCK_SIZE 1024: 256 threads a block, "
-        "GROUP = min(32, BLOCK_SIZE/VEC) lanes per row (half BLOCK_SIZE/VEC for float and 16-bit "
-        "rows of 2..32 chunks), grid [ceil(n_rows / (256/GROUP)), 1, 1]. "
-        "Above: grid [n_rows, 1, 1], one block per row, threads as in the backward and forward "
-        "kernels"
-    )
+    launch_contract: ClassVar[str]  # _row_groups_contract below
 
     @property
     def grouped(self) -> bool:
@@ -565,6 +591,69 @@ class WaveGrid:
             raise ValueError(
                 f"{self.id}: grid {grid!r}, block {block!r}: launch_config({n_rows}, {n_dim}) "
                 f"takes block {want_block} and grid [G, 1, 1] with 1 <= G <= {most}")
+
+
+# -- the launch contract in words, from the code above ---------------------------------------
+
+def _spans(values: list[tuple[int, int]]) -> str:
+    """[(BLOCK_SIZE, value), ...] in order as "v (a..b), w (c)": runs of one value merged."""
+    runs: list[list[int]] = []
+    for block_size, value in values:
+        if runs and runs[-1][2] == value:
+            runs[-1][1] = block_size
+        else:
+            runs.append([block_size, block_size, value])
+    return ", ".join(f"{v} ({a}..{b})" if a != b else f"{v} ({a})" for a, b, v in runs)
+
+
+def _by_dtype(value, kernel_class: type | None = None) -> str:
+    """A table by dtype of value(kernel) over every BLOCK_SIZE where it is not None, the dtypes
+    of one table merged: "f32: 4 (1..512), 8 (1024); f16, bf16: ..."."""
+    cls = kernel_class or Kernel
+    tables: dict[str, list[str]] = {}
+    for dtype in dtypes.DTYPES:
+        values = [(b, value(cls(b, dtype))) for b in cls.block_sizes()]
+        text = _spans([(b, v) for b, v in values if v is not None])
+        tables.setdefault(text, []).append(dtype)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in tables.items())
+
+
+def _one_block_a_row_contract() -> str:
+    """The Kernel's launch in words, from threads() and the tiling it mirrors."""
+    tails = " or ".join(str(t) for t in range(TAIL_THREADS + WARP, 768, WARP))
+    tailed = ", ".join(f"{dtype} at BLOCK_SIZE {b}" for dtype in dtypes.DTYPES
+                       for b in Kernel.block_sizes() if Kernel(b, dtype).tailed)
+    widest: dict[int, list[str]] = {}
+    for dtype in dtypes.DTYPES:
+        widest.setdefault(register_path_width(dtype), []).append(dtype)
+    streamed = "; ".join(f"{', '.join(names)}: {width}" for width, names in widest.items())
+    elements = _by_dtype(lambda k: None if k.streamed else k.vec * k.chunks_per_thread)
+    return (
+        "grid [n_rows, 1, 1], one block per row; BLOCK_SIZE = next_power_of_two(n_dim); "
+        "threads = 32 * ceil(n_dim / (32 * E)), E the elements a thread holds, by dtype and "
+        f"BLOCK_SIZE: {elements}; but {TAIL_THREADS} where that gives {tails} ({tailed}: a "
+        "thread then holds one element past its chunks); "
+        f"{MAX_THREADS} threads, the row streamed, above BLOCK_SIZE {streamed}"
+    )
+
+
+def _row_groups_contract() -> str:
+    """RowGroups' launch in words, from grouped and group, then the Kernel's for wider rows."""
+
+    class Probe(RowGroups, Kernel):
+        pass
+
+    groups = _by_dtype(lambda k: k.group if k.grouped else None, Probe)
+    return (
+        "BLOCK_SIZE = next_power_of_two(n_dim); in row groups, GROUP lanes of a warp a row and "
+        f"{GROUPED_THREADS} threads a block, grid [ceil(n_rows / ({GROUPED_THREADS} / GROUP)), "
+        f"1, 1], with GROUP by dtype and BLOCK_SIZE: {groups}; at any other BLOCK_SIZE one "
+        "block per row, as the backward kernel: " + Kernel.launch_contract
+    )
+
+
+Kernel.launch_contract = _one_block_a_row_contract()
+RowGroups.launch_contract = _row_groups_contract()
 
 
 # The modules whose classes set `short_name`, in the order kernel_classes lists them.

@@ -12,11 +12,14 @@
 // (cek_store_row_gradients expands these to save multiplies.)
 //
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
-// at most 2^20. With VEC = 16 / sizeof(T) elements per chunk and ROW_CHUNKS = BLOCK_SIZE / VEC:
-// up to 4096 chunks, blockDim.x = the smallest multiple of 32 with blockDim.x * CHUNKS * VEC >=
-// n_dim, CHUNKS = max(1, ROW_CHUNKS / 1024), and at least 2 for float from 256 chunks (513..4096
-// floats: at most 512 threads), but 672 where that gives 704 or 736 at BLOCK_SIZE 8192 in float
-// and 16-bit types (CekTiling::TAILED); above, 1024 threads stream the row (cek_row.cuh).
+// at most 2^20. blockDim.x = 32 * ceil(n_dim / (32 * E)), E = CekTiling's CHUNKS * VEC, the
+// elements a thread holds, by dtype and BLOCK_SIZE (as `cek list` prints it):
+//   f32: 4 (1..512), 8 (1024..8192), 16 (16384); f64: 2 (1..2048), 4 (4096), 8 (8192);
+//   f16, bf16: 8 (1..1024), 16 (2048..16384)
+// (two 16-byte chunks a thread from 256 chunks, 513 floats and 1025 16-bit values: cek_row.cuh),
+// but 672 where that gives 704 or 736 in float at BLOCK_SIZE 8192 (CekTiling::TAILED: a thread
+// then holds one element past its chunks); wider rows (above 16384 elements, 8192 doubles): 1024
+// threads stream the row.
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus y and
 // dy: 4*S*N*D + A*N + S*N (16*N*D + 8*N in float; the variants' dy_stride 0: S for dy). A

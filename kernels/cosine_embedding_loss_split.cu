@@ -199,7 +199,9 @@ __device__ __forceinline__ auto cek_split_row(CekSliceSums<Acc> p,
                                               int slices, Finish finish) {
     using L = CekLimits<Acc>;
     const int far = static_cast<int>(p.far);
-    const Acc inf = L::MAX * Acc(2);
+    // +inf from its bits: L::MAX * 2, the same value, is a front-end warning (#222-D).
+    const Acc inf = sizeof(Acc) == 8 ? Acc(__longlong_as_double(0x7ff0000000000000ll))
+                                     : Acc(__int_as_float(0x7f800000));
     const CekSums<Acc> s = cek_block_sum(
         CekSums<Acc>{far & 1 ? inf : p.sq1, far & 2 ? inf : p.sq2, p.dot});
     if (cek_sums_ordinary(s)) return finish(cek_cosine(s), CekFlag<false>{});

@@ -6,7 +6,7 @@ import pytest
 
 import cek
 from cek.dtypes import DTYPES
-from cek.compile import CompileError, compile_kernel
+from cek.compile import CompileError, _nvrtc, compile_kernel, known_archs, nvrtc_options
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes
 
@@ -35,6 +35,7 @@ def test_compiles_without_spills_or_local_memory(cls, block_size, dtype, arch):
     assert f".entry {cls(block_size).entry_point_name()}" in result.ptx
     assert (result.spill_stores, result.spill_loads, result.local_bytes) == (0, 0, 0), result.log
     assert result.stack_bytes == 0, result.log
+    assert "warning" not in result.log, result.log  # NVRTC's front end and ptxas say nothing
     assert 0 < result.registers <= 64, result.log  # 1024 threads x 64 registers = one SM's file
 
 
@@ -104,3 +105,42 @@ def test_compiler_refuses_a_tiling_mirror_out_of_step():
 @pytest.mark.parametrize("name", ["fused", "backward", "backward-rows"])
 def test_16_bit_gradients_round_two_values_an_instruction(name, dtype, packed):
     assert packed in compile_kernel(kernel_classes()[name].for_n_dim(128, dtype), "sm_80").ptx
+
+
+def _launch_bounds():
+    """Each distinct `__launch_bounds__(threads, blocks)` of an entry point: the kernel, dtype
+    and BLOCK_SIZE of the first instance that has it, and the text."""
+    found = {}
+    for cls in [*kernel_classes().values(), CosineEmbeddingLossReduce]:
+        for dtype in DTYPES:
+            for b in cls.block_sizes():
+                k = cls(b, dtype)
+                found.setdefault(f"{k.max_threads}, {k._min_blocks_expression()}", k.id)
+    return found
+
+
+def test_no_arch_warns_about_an_entry_points_launch_bounds():
+    # ptxas ignores a blocks-an-SM hint beyond what the arch's SM holds (sm_75: 16 blocks and
+    # 1024 threads; sm_86: 16 and 1536; sm_89, sm_120: 24 and 1536), with a warning on every
+    # compile. The hint alone decides it: a one-line kernel carries each entry point's bounds.
+    nvrtc = _nvrtc()
+    warned = []
+    for bounds, kernel_id in _launch_bounds().items():
+        source = (f'extern "C" __global__ void __launch_bounds__({bounds}) '
+                  f"probe(float* x) {{ x[threadIdx.x] *= 2.0f; }}\n")
+        for arch in known_archs():
+            log = nvrtc.compile(source, "probe.cu", list(nvrtc_options(arch)))
+            log = log if isinstance(log, str) else log[0]
+            if "warning" in log:
+                warned.append(f"{kernel_id} on {arch}: {log.strip()}")
+    assert warned == []
+
+
+@pytest.mark.parametrize("name", [*kernel_classes()])
+def test_every_arch_compiles_each_kernel_without_a_warning(name):
+    # One width a kernel, in bfloat16 (its conversions are the most code), on every arch this
+    # NVRTC knows: the log holds ptxas's warnings and the front end's.
+    cls = kernel_classes()[name]
+    kernel = cls.for_n_dim(min(cls.max_block_size, 1000), "bf16")
+    logs = {arch: compile_kernel(kernel, arch).log for arch in known_archs()}
+    assert {arch: log for arch, log in logs.items() if "warning" in log} == {}

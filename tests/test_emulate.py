@@ -43,10 +43,10 @@ class Planted(Kernel):
         return f'#line 1 "{self.path}"\n{self.path.read_text()}'
 
 
-def run_planted(stem, n_rows=2, n_dim=64, threads=64, shared_mem=0, **options):
+def run_planted(stem, n_rows=2, n_dim=64, threads=64, shared_mem=0, kernel=None, **options):
     x = np.arange(n_rows * n_dim, dtype=np.float32).reshape(n_rows, n_dim)
     out = np.full_like(x, np.nan)
-    launch = emulate.load(Planted(stem), **options)
+    launch = emulate.load(kernel or Planted(stem), **options)
     launch((n_rows,), (threads,), (x, out, n_rows, n_dim), shared_mem=shared_mem)
     return x, out
 
@@ -183,6 +183,66 @@ def test_divergent_syncthreads():
     with pytest.raises(KernelError, match="divergent __syncthreads") as caught:
         run_planted("divergent_syncthreads")
     assert_located(caught.value, "divergent_syncthreads", {8, 10})
+
+
+# A helper called from both arms of a divergent branch: one source line, two sites on a GPU
+# (each inlined copy is its own instruction). The error names the helper's line and both callers.
+@pytest.mark.parametrize("stem, what, helper, callers", [
+    ("divergent_helper_shuffle", "divergent shuffle", 5, (14, 16)),
+    ("divergent_helper_barrier", "divergent __syncthreads", 3, (12, 14)),
+])
+def test_a_helper_called_from_both_arms_of_a_branch_is_two_sites(stem, what, helper, callers):
+    with pytest.raises(KernelError, match=what) as caught:
+        run_planted(stem)
+    assert_located(caught.value, stem, {helper})
+    message = str(caught.value)
+    assert "\n" not in message
+    source = f"{PLANTED / stem}.cu"
+    # forward schedule: thread 1 (odd) comes second, from the first caller; thread 0 waits
+    assert "thread (1,0,0) of block (0,0,0)" in message, message
+    assert f" here (called from {source}:{callers[0]}) " in message, message
+    assert f" at {source}:{helper} (called from {source}:{callers[1]})" in message, message
+
+
+class RelativelyNamed(Planted):
+    """A planted kernel under a `kernels/...` name, as cek.sources names the kernels' files."""
+
+    @property
+    def kernel_source(self) -> str:
+        return f'#line 1 "kernels/{self.path.name}"\n{self.path.read_text()}'
+
+
+def test_callers_in_a_relatively_named_file_are_named_as_the_file_is():
+    # g++ writes a relative name into the line tables joined to the folder it was built in,
+    # a scratch folder that is gone: the callers are named as the site is.
+    with pytest.raises(KernelError) as caught:
+        run_planted("divergent_helper_shuffle", kernel=RelativelyNamed("divergent_helper_shuffle"))
+    assert str(caught.value).startswith("kernels/divergent_helper_shuffle.cu:5: divergent shuffle")
+    assert " here (called from kernels/divergent_helper_shuffle.cu:14) " in str(caught.value)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "random:3"])
+def test_the_same_helpers_called_once_by_every_thread_pass(schedule):
+    x, out = run_planted("converged_helpers", schedule=schedule)
+    v = np.where(np.arange(64) % 2, x * 3, x)
+    assert np.array_equal(out, v + v.reshape(2, 32, 2)[:, :, ::-1].reshape(2, 64))
+
+
+class Bounded(Planted):
+    """A planted kernel whose entry point promises __launch_bounds__(64)."""
+
+    max_threads = 64
+
+
+def test_a_block_over_the_entry_points_launch_bounds_is_refused():
+    x = np.zeros((2, 128), np.float32)
+    launch = emulate.load(Bounded("converged_helpers"))
+    with pytest.raises(ValueError) as caught:
+        launch((2,), (128,), (x, x.copy(), 2, 128))
+    assert str(caught.value) == (
+        "block (128, 1, 1) has 128 threads, more than the 64 of "
+        "planted_converged_helpers_entry_point's __launch_bounds__: a GPU refuses it")
+    launch((2,), (64,), (x, x.copy(), 2, 128))  # within the bound: runs
 
 
 def test_deadlock_is_reported_at_once():

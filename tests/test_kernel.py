@@ -68,8 +68,8 @@ def test_entry_point_instantiates_block_size_with_the_args_in_order(cls):
     params = ", ".join(f"{k.c_type(a)} {a.name}" for a in cls.args)
     # blocks an SM: min_blocks from sm_80 to sm_90; other archs' where a class asks for them
     bounds = k._min_blocks_expression()
-    assert bounds == str(k.min_blocks) or \
-        f"__CUDA_ARCH__ >= 800 ? {k.min_blocks} : {k.min_blocks_before_sm80}" in bounds
+    assert _evaluate_arch_expression(bounds, 800) == _evaluate_arch_expression(bounds, 900) \
+        == k.min_blocks
     assert f'extern "C" __global__ void __launch_bounds__({k.max_threads}, {bounds}) ' \
            f'{k.entry_point_name()}({params})' in k.entry_point_source
     # row groups: 256 threads; one block per row: a 256-float row takes 64 threads
@@ -484,3 +484,30 @@ def test_a_misaligned_workspace_of_partial_sums_is_refused():
     shifted = memory[(4 - base) % 4 + 1:][:rows * width].reshape(rows, width)
     with pytest.raises(ValueError, match=r"sums must start at a multiple of 16 bytes .*0x"):
         kernel.check_args((x, x, shifted, n, d), (np.ndarray,))
+
+
+def _evaluate_arch_expression(text: str, arch: int) -> int:
+    """The value of a `__CUDA_ARCH__ >= A ? x : ...` chain for __CUDA_ARCH__ = arch."""
+    for part in text.split(" : "):
+        condition, _, value = part.rpartition(" ? ")
+        if not condition or arch >= int(condition.removeprefix("__CUDA_ARCH__ >= ")):
+            return int(value)
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("cls", ALL, ids=lambda c: c.name)
+def test_blocks_an_sm_fit_each_arch_or_are_one(cls, dtype):
+    # ptxas ignores (with a warning) a blocks-an-SM hint that the arch's SM cannot hold; the
+    # entry point asks 1 there, and min_blocks, or a class's own, wherever it fits.
+    limits = {750: (1024, 16), 800: (2048, 32), 860: (1536, 16), 870: (1536, 16),
+              890: (1536, 24), 900: (2048, 32), 1000: (2048, 32), 1030: (2048, 32),
+              1070: (1024, 16), 1100: (1536, 24), 1200: (1536, 24), 1210: (1536, 24)}
+    for block_size in cls.block_sizes():
+        k = cls(block_size, dtype)
+        text = k._min_blocks_expression()
+        for arch, (threads, blocks) in limits.items():
+            asked = k.min_blocks_from_sm100 if arch >= 1000 else \
+                k.min_blocks if arch >= 800 else k.min_blocks_before_sm80
+            fits = asked <= blocks and asked * k.max_threads <= threads
+            assert _evaluate_arch_expression(text, arch) == (asked if fits else 1), (k.id, arch)

@@ -33,6 +33,8 @@ What is counted is g++'s code for the source: a load that only nvcc would merge 
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -93,8 +95,26 @@ def _checked(kernel: Kernel, grid, block, args: Sequence, shared_mem) -> tuple:
     for spec, value in zip(kernel.args, cast):
         if spec.output and value is not None and not value.flags.writeable:
             raise ValueError(f"{spec.name} must be writeable")
-    return (cast, runner.launch_dims(grid, "grid"), runner.launch_dims(block, "block"),
-            runner.check_shared_mem(shared_mem))
+    block3 = runner.launch_dims(block, "block")
+    bound = launch_bound(kernel)
+    threads = block3[0] * block3[1] * block3[2]
+    if bound is not None and threads > bound:
+        raise ValueError(f"block {block3} has {threads} threads, more than the {bound} of "
+                         f"{kernel.entry_point_name()}'s __launch_bounds__: a GPU refuses it")
+    return (cast, runner.launch_dims(grid, "grid"), block3, runner.check_shared_mem(shared_mem))
+
+
+def launch_bound(kernel: Kernel) -> int | None:
+    """The threads a block the entry point's __launch_bounds__ allows, as the source says (the
+    driver reads the compiled value), or None where it declares none."""
+    return _launch_bound(kernel.source, kernel.entry_point_name())
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_bound(source: str, entry: str) -> int | None:
+    match = re.search(r"__launch_bounds__\(\s*(\d+)[^)]*\)\s*" + re.escape(entry) + r"\s*\(",
+                      source)
+    return int(match[1]) if match else None
 
 
 @dataclass(frozen=True)

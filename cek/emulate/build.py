@@ -1,8 +1,9 @@
 """Build a kernel into a shared library for the emulator, with g++, cached on disk by content.
 
 A library is three parts linked together: the kernel's `source`, compiled unmodified with
-prelude.h force-included; a generated translation unit that calls the `extern "C"` entry point
-from a `void**` argument array and defines the dynamic shared memory; and runtime.cpp (in the
+prelude.h force-included (a line directive before the generated entry point names it); a
+generated translation unit that calls the `extern "C"` entry point from a `void**` argument
+array and defines the dynamic shared memory; and runtime.cpp (in the
 traffic flavour traffic.cpp, which includes it), compiled once per flavour into its own cached
 object. Files are written under a temporary name and moved into place with `os.replace`, so two
 processes building the same library at once both succeed.
@@ -46,17 +47,21 @@ CXX = "g++"
 # -fno-strict-aliasing: CUDA code reads float arrays through float4 pointers.
 # -fno-extern-tls-init: shared memory is thread_local (see prelude.h) and never has a dynamic
 # initializer; without it an `extern __shared__` array calls a null TLS init hook.
+# -fno-omit-frame-pointer: the runtime walks the frames that reached a barrier or a shuffle
+# (runtime.cpp, call_path); -fno-optimize-sibling-calls: a barrier a kernel ends with stays a call,
+# whose return address says where it was called; -g1: the line tables that name the callers.
 COMMON = (
     "-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
     "-fno-strict-aliasing", "-fno-threadsafe-statics", "-fno-extern-tls-init",
+    "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-g1",
     "-fdiagnostics-color=never",
 )
 FLAVOURS = {
     # flavour: (flags of the kernel's own code, define for the runtime)
     "plain": (("-fsanitize=alignment",), ()),
-    "thread": (("-fsanitize=alignment", "-fsanitize=thread", "-g1"), ("-DCEK_TSAN",)),
+    "thread": (("-fsanitize=alignment", "-fsanitize=thread"), ("-DCEK_TSAN",)),
     "address": (
-        ("-fsanitize=alignment", "-fsanitize=address", "-fno-omit-frame-pointer", "-g1"),
+        ("-fsanitize=alignment", "-fsanitize=address"),
         ("-DCEK_ASAN",),
     ),
     # Outlined KASAN checks are calls to hooks that traffic.cpp defines to count every access
@@ -156,6 +161,13 @@ def entry_source(kernel: Kernel) -> str:
     else:
         lines.append('extern "C" unsigned char* cek_dynamic_shared() { return nullptr; }')
     return "\n".join(lines) + "\n"
+
+
+def compiled_source(kernel: Kernel) -> str:
+    """The kernel's `source`, with a line directive before the generated entry point: its lines
+    are no lines of the last `.cu` file, and a KernelError's callers stop at the kernel's own."""
+    return (kernel.kernel_source + "\n\n" + f'#line 1 "{kernel.entry_point_name()} (generated)"\n'
+            + kernel.entry_point_source)
 
 
 def _digest(*parts: str | bytes) -> str:
@@ -274,7 +286,7 @@ def library(kernel: Kernel, flavour: str = "plain") -> Path:
         raise ValueError(f"flavour must be one of {sorted(FLAVOURS)}, got {flavour!r}")
     flags = (*COMMON, *FLAVOURS[flavour][0])
     entry = entry_source(kernel)
-    key = _digest(kernel.source, entry, PRELUDE.read_bytes(),
+    key = _digest(compiled_source(kernel), entry, PRELUDE.read_bytes(),
                   *(s.read_bytes() for s in _runtime_sources(flavour)), *flags,
                   *FLAVOURS[flavour][1], compiler_version())
     memo_key = (str(cache_dir()), key)
@@ -287,7 +299,7 @@ def library(kernel: Kernel, flavour: str = "plain") -> Path:
 
         def build(tmp: Path) -> Path:
             runtime = runtime_object(flavour)
-            (tmp / "kernel.cpp").write_text(kernel.source)
+            (tmp / "kernel.cpp").write_text(compiled_source(kernel))
             (tmp / "entry.cpp").write_text(entry)
             out = tmp / "kernel.so"
             _run([CXX, *flags, "-include", str(PRELUDE), "-shared", "kernel.cpp", "entry.cpp",

@@ -15,6 +15,7 @@
 //                reinterpret_cast vector loads and stores; __ldg and __stcs of any of them or a
 //                scalar.
 //   Math         rsqrtf sqrtf sqrt (double) fmaxf fminf fmaf __fdividef __expf __logf;
+//                __int_as_float __longlong_as_double;
 //                atomicAdd on float, int and unsigned.
 //   Memory       __threadfence() (a sequentially consistent fence: blocks run one after
 //                another, so every store is visible to later blocks anyway).
@@ -22,9 +23,13 @@
 //   - a barrier that completes while a thread of the block has exited (exited threads count as
 //     arrived, as in PTX, and so this is reported rather than hidden);
 //   - two __syncthreads call sites in one phase; a shuffle whose lanes sit at different sites
-//     or pass different masks;
+//     or pass different masks. A site is a source line and the path of calls that reached it:
+//     a helper called from two places is two sites, as each inlined copy is on a GPU, and the
+//     message names both callers;
 //   - a shuffle reading a lane that has exited, does not exist or is not in the mask;
 //   - no runnable thread left (deadlock); a misaligned vector access (-fsanitize=alignment).
+// A block of more threads than the entry point's __launch_bounds__ is refused before the launch
+// (a ValueError naming both numbers), as the driver refuses it.
 // Not emulated: spin-waits on memory (threads are never preempted, so one hangs the launch),
 // warp-synchronous code without __*_sync, inline PTX (`asm`: guard it with #ifdef __CUDA_ARCH__
 // and give a C++ fallback, as kernels/cek_types.cuh does), and anything not listed above.
@@ -168,6 +173,12 @@ __device__ __forceinline__ float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 __device__ __forceinline__ float __fdividef(float a, float b) { return a / b; }
 __device__ __forceinline__ float __expf(float x) { return expf(x); }
 __device__ __forceinline__ float __logf(float x) { return logf(x); }
+__device__ __forceinline__ float __int_as_float(int bits) {
+    return __builtin_bit_cast(float, bits);
+}
+__device__ __forceinline__ double __longlong_as_double(long long bits) {
+    return __builtin_bit_cast(double, bits);
+}
 
 // Fibers never preempt one another, but relaxed atomics (as CUDA's are) keep ThreadSanitizer
 // from calling two atomicAdds a race while still reporting a plain access that races with one.

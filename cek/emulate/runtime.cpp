@@ -122,6 +122,14 @@ static void make_context(Context* ctx, char* stack, size_t size, void (*entry)()
 
 enum State { RUNNABLE, AT_BARRIER, AT_SHUFFLE, EXITED };
 
+// The path that reached a barrier or a shuffle: the return addresses of the frames on the
+// fiber's stack, innermost first (see call_path).
+static const int kMaxPath = 32;
+struct Path {
+    int depth;
+    void* pc[kMaxPath];
+};
+
 struct Fiber {
     Context ctx;
     char* stack;
@@ -131,6 +139,7 @@ struct Fiber {
     // The pending shuffle: this lane's value, then the value it receives.
     unsigned long long bits;
     int src;  // lane read, -1 for its own value
+    Path path;  // the path to the barrier or shuffle it waits at
     TSAN(void* tsan;)
     ASAN(void* fake_stack;)
 };
@@ -140,6 +149,7 @@ struct Warp {
     unsigned mask;
     const char* file;
     int line;
+    const Path* path;  // the first lane's, which waits there until the shuffle completes
     unsigned generation;
     TSAN(char sync[2];)
 };
@@ -157,6 +167,7 @@ static void** g_args;
 static int g_threads, g_exited, g_at_barrier;
 static const char* g_barrier_file;
 static int g_barrier_line;
+static const Path* g_barrier_path;  // the first thread's, which waits there
 static unsigned g_barrier_generation;
 static Warp g_warps[kMaxThreads / kWarp];
 static bool g_failed;
@@ -179,6 +190,119 @@ static const char* describe(const Fiber* f) {
     static char text[128];
     snprintf(text, sizeof text, "thread (%u,%u,%u) of block (%u,%u,%u)", f->idx.x, f->idx.y,
              f->idx.z, cek_block_idx.x, cek_block_idx.y, cek_block_idx.z);
+    return text;
+}
+
+// ---- call paths -------------------------------------------------------------------------------
+
+// A barrier or shuffle site is its source line and the path that reached it. On a GPU each
+// inlined copy of a helper is an instruction of its own, and threads at two copies of one
+// __syncthreads or __shfl_xor_sync (a helper called from both arms of a branch) do not meet.
+// g++ inlines alike, so the return address of the call into this runtime tells the copies apart,
+// and the return addresses of the frames above it (kernel code is built with frame pointers)
+// the callers g++ did not inline. The walk stays inside the fiber's stack.
+__attribute__((always_inline)) static inline void call_path(Path* path) {
+    const char* low = g_current->stack;
+    const char* high = low + kStackSize;
+    void** frame = static_cast<void**>(__builtin_frame_address(0));
+    path->depth = 0;
+    while (path->depth < kMaxPath && reinterpret_cast<char*>(frame) >= low &&
+           reinterpret_cast<char*>(frame + 2) <= high && frame[1]) {
+        path->pc[path->depth++] = frame[1];
+        void** next = static_cast<void**>(frame[0]);
+        if (next <= frame) break;
+        frame = next;
+    }
+}
+
+// The kernel source lines of one return address, innermost first ("a.cuh:243;b.cu:92;"), from
+// the library's line tables (addr2line -i); "" where they cannot be read. Cached by address.
+struct SourceLines {
+    void* pc;
+    char text[1024];
+};
+static SourceLines g_source_lines[512];
+static int g_n_source_lines;
+
+static const char* source_lines(void* pc) {
+    for (int i = 0; i < g_n_source_lines; ++i)
+        if (g_source_lines[i].pc == pc) return g_source_lines[i].text;
+    SourceLines* entry = g_n_source_lines < 512 ? &g_source_lines[g_n_source_lines++] : nullptr;
+    static char scratch[1024];
+    char* text = entry ? entry->text : scratch;
+    text[0] = 0;
+    if (entry) entry->pc = pc;
+    Dl_info info;
+    if (!dladdr(pc, &info) || !info.dli_fname) return text;
+    char command[4200];
+    // One byte back: the return address is the instruction after the call.
+    snprintf(command, sizeof command, "addr2line -i -e '%s' %lx 2>/dev/null", info.dli_fname,
+             static_cast<unsigned long>(static_cast<char*>(pc) - 1 -
+                                        static_cast<char*>(info.dli_fbase)));
+    FILE* out = popen(command, "r");
+    if (!out) return text;
+    char line[1024];
+    size_t used = 0;
+    while (fgets(line, sizeof line, out)) {
+        char* colon = strrchr(line, ':');
+        if (!colon) continue;
+        *colon = 0;
+        const size_t n = strlen(line);
+        const bool kernel = (n > 3 && strcmp(line + n - 3, ".cu") == 0) ||
+                            (n > 4 && strcmp(line + n - 4, ".cuh") == 0);
+        *colon = ':';
+        char* end = colon + 1 + strspn(colon + 1, "0123456789");
+        *end = ';';
+        // Copied by hand, as text_equal compares: under ThreadSanitizer the string functions
+        // are intercepted, and a fiber reading what another fiber wrote would be a race.
+        for (const char* c = line; kernel && c <= end && used + 1 < sizeof line; ++c)
+            text[used++] = *c;
+        text[used] = 0;
+    }
+    pclose(out);
+    return text;
+}
+
+static bool text_equal(const char* a, const char* b) {
+    while (*a && *a == *b) ++a, ++b;
+    return *a == *b;
+}
+
+// Two paths of different addresses can still be one path of the source: g++ copies code that
+// lies between two tests of one condition into both branches (jump threading), so threads that
+// the source keeps together reach two copies of a shuffle. They are one site when every address
+// names the same source lines; a helper called from two lines is two sites either way.
+static bool same_source(const Path& a, const Path& b) {
+    if (a.depth != b.depth) return false;
+    for (int i = 0; i < a.depth; ++i) {
+        if (a.pc[i] == b.pc[i]) continue;
+        const char* lines = source_lines(a.pc[i]);
+        if (!lines[0] || !text_equal(lines, source_lines(b.pc[i]))) return false;
+    }
+    return true;
+}
+
+// A loop, not memcmp: under ThreadSanitizer memcmp is intercepted, and one fiber reading the
+// path another fiber wrote would be called a race.
+static bool same_path(const Path& a, const Path& b) {
+    bool same = a.depth == b.depth;
+    for (int i = 0; same && i < a.depth; ++i) same = a.pc[i] == b.pc[i];
+    return same || same_source(a, b);
+}
+
+// A path as a token that KernelError (cek/emulate/errors.py) turns into the source lines of the
+// callers: " {cek-path <library> <file>:<line> <offset>,<offset>...}", tab-separated (a path may
+// hold spaces), with the site's own line and offsets into the kernel's library.
+static const char* path_token(const Path& path, const char* file, int line, char* text,
+                              size_t size) {
+    Dl_info info;
+    if (path.depth == 0 || !dladdr(path.pc[0], &info) || !info.dli_fname) return "";
+    int n = snprintf(text, size, " {cek-path\t%s\t%s:%d\t", info.dli_fname, file, line);
+    for (int i = 0; i < path.depth && n > 0 && static_cast<size_t>(n) < size; ++i)
+        n += snprintf(text + n, size - n, "%s%lx", i ? "," : "",
+                      static_cast<unsigned long>(static_cast<char*>(path.pc[i]) -
+                                                 static_cast<char*>(info.dli_fbase)));
+    if (n > 0 && static_cast<size_t>(n) < size) snprintf(text + n, size - n, "}");
     return text;
 }
 
@@ -250,13 +374,19 @@ static bool allocate_fibers(int n) {
 
 extern "C" void cek_syncthreads(const char* file, int line) {
     Fiber* f = g_current;
+    call_path(&f->path);
     if (!g_barrier_file) {
         g_barrier_file = file;
         g_barrier_line = line;
-    } else if (line != g_barrier_line || strcmp(file, g_barrier_file) != 0) {
+        g_barrier_path = &f->path;
+    } else if (line != g_barrier_line || strcmp(file, g_barrier_file) != 0 ||
+               !same_path(f->path, *g_barrier_path)) {
+        char here[1024], there[1024];
         fail(file, line,
-             "divergent __syncthreads: %s waits here while other threads wait at %s:%d",
-             describe(f), g_barrier_file, g_barrier_line);
+             "divergent __syncthreads: %s waits here%s while other threads wait at %s:%d%s",
+             describe(f), path_token(f->path, file, line, here, sizeof here), g_barrier_file,
+             g_barrier_line,
+             path_token(*g_barrier_path, g_barrier_file, g_barrier_line, there, sizeof there));
         abort_fiber();
     }
     f->state = AT_BARRIER;
@@ -320,15 +450,20 @@ extern "C" unsigned long long cek_shuffle(int kind, unsigned mask, unsigned long
              name, describe(f), mask, lane);
         abort_fiber();
     }
+    call_path(&f->path);
     if (w.arrived == 0) {
         w.mask = mask;
         w.file = file;
         w.line = line;
-    } else if (line != w.line || strcmp(file, w.file) != 0 || mask != w.mask) {
+        w.path = &f->path;
+    } else if (line != w.line || strcmp(file, w.file) != 0 || mask != w.mask ||
+               !same_path(f->path, *w.path)) {
+        char here[1024], there[1024];
         fail(file, line,
-             "divergent shuffle: %s calls %s with mask 0x%08x while lanes of its warp wait at "
-             "%s:%d with mask 0x%08x",
-             describe(f), name, mask, w.file, w.line, w.mask);
+             "divergent shuffle: %s calls %s with mask 0x%08x here%s while lanes of its warp "
+             "wait at %s:%d%s with mask 0x%08x",
+             describe(f), name, mask, path_token(f->path, file, line, here, sizeof here),
+             w.file, w.line, path_token(*w.path, w.file, w.line, there, sizeof there), w.mask);
         abort_fiber();
     }
     f->bits = bits;
