@@ -10,10 +10,13 @@
 #   compile.log    every kernel instance, the bench steps' first, compiled by CuPy in parallel
 #                  on every CPU core into its disk cache, before any step is timed
 #   warm.log       each bench call run once at a few rows: CuPy's own kernels and torch's compiled
-#   steps.log      each step's exit status and seconds ("killed by its timeout" when it was)
+#   steps.log      each step's exit status and seconds ("killed by its timeout" when it was;
+#                  "cut by TERM" for the step running when the run itself was stopped)
 #   tables.txt     every step's table, row by row as timed; bench.log its warnings and failures
 #   gpu_tests.log  the gpu test tier, each test's name as it ends (pytest-xdist, -v)
-#   bench.json     every timed row of every step (field "run": the step), merged at the end
+#   parts/NAME.json  each bench step's rows, each written as it is timed
+#   bench.json     every timed row of every step so far (field "run": the step), rewritten after
+#                  each step and when the run ends, however it ends (a TERM or INT included)
 #   bench_fused.png  (where matplotlib is installed)
 # Order, what a first run needs first: cek doctor, the preflight, the compile of every kernel and
 # the warm-up; cek at the target shapes (fused alone and as a mean, forward, backward, the keep
@@ -25,8 +28,11 @@
 # than the 8-minute budget.
 # `cek bench` writes each row as soon as it is timed, so a step killed by its timeout keeps the
 # rows it timed, and the summary is written whatever the steps did. A step that ignores the
-# timeout's TERM is killed KILL_AFTER_S (3) seconds later. LIMIT_<step>=SECONDS overrides a
-# step's timeout; CEK_PYTHON the Python to use.
+# timeout's TERM is killed KILL_AFTER_S (3) seconds later. The run itself may be stopped at any
+# second (the GPU machine kills a command at its time limit): on TERM or INT the running step is
+# stopped, named in steps.log, and bench.json holds every row timed until then (on a KILL, which
+# nothing can catch, every row of the steps that ended; parts/ has the rest).
+# LIMIT_<step>=SECONDS overrides a step's timeout; CEK_PYTHON the Python to use.
 #
 # --rehearse runs every step, in order, on a machine without a GPU: each Python command goes
 # through scripts/rehearse.py, which runs it here (cek bench on the CuPy stand-in and the
@@ -48,31 +54,71 @@ case "${1:-}" in
     "") ;;
     *) echo "usage: bash scripts/device_check.sh [--rehearse]; not: $1" >&2; exit 2 ;;
 esac
-PARTS=$(mktemp -d)
-mkdir -p "$OUT"
+PARTS=$OUT/parts
+mkdir -p "$PARTS"
+rm -f "$PARTS"/*.json "$OUT/bench.json"  # an earlier run's rows are not this run's
 : >"$OUT/steps.log"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # cek from this checkout, nothing installed
 status=0
+running=""  # the step now running and its timeout's process, which a TERM or INT stops
+
+summary() {  # every row the steps have written so far, in $OUT/bench.json, replaced whole
+  $PY - "$PARTS" "$OUT/bench.json" <<'PY'
+import json, os, pathlib, sys
+rows = []
+# In the order the steps ran: each step's file was last written by its last row.
+for part in sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
+    try:
+        rows += [dict(r, run=part.stem) for r in json.loads(part.read_text())]
+    except ValueError as exc:  # cannot happen with atomic writes; keep the others if it does
+        print(f"{part.name}: unreadable ({exc})", file=sys.stderr)
+out = pathlib.Path(sys.argv[2])
+out.with_suffix(".json.tmp").write_text(json.dumps(rows, indent=1))
+os.replace(out.with_suffix(".json.tmp"), out)  # a reader, or a KILL, never sees half a file
+print(f"{len(rows)} rows in {out}")
+PY
+}
+
+stopped() {  # stopped SIGNAL: the run is stopped from outside; keep what it has
+  trap - TERM INT EXIT
+  unset CEK_STEP CEK_STEP_LIMIT  # what follows is no step's
+  if [ -n "$running" ]; then
+    kill -TERM "${running#* }" 2>/dev/null  # timeout passes the TERM on to the step
+    echo "${running% *}: cut by $1 after $((SECONDS - started))s" >>"$OUT/steps.log"
+  fi
+  summary >/dev/null
+  exit "$2"
+}
+trap 'stopped TERM 143' TERM
+trap 'stopped INT 130' INT
+trap 'summary >/dev/null' EXIT  # whatever ends the script, bench.json holds what it timed
 
 step() {  # step NAME TIMEOUT COMMAND...: COMMAND under its timeout, its outcome in steps.log
-  local name=$1 limit=$2 rc start=$SECONDS
+  local name=$1 limit=$2 rc
   local override="LIMIT_$1"
   limit=${!override:-$limit}
+  started=$SECONDS
   shift 2
   # Rehearsing, the step's GPU timeout is what its modelled time must fit (CEK_STEP_LIMIT);
   # the CPU here runs it on the emulator, under a limit of its own.
   export CEK_STEP=$name CEK_STEP_LIMIT=$limit
   "$REHEARSE" && limit=${REHEARSE_LIMIT_S:-240}
-  timeout -k "$KILL_AFTER_S" "$limit" "$@"
+  # In the background, waited for: bash runs a trap only once the command it waits on ends,
+  # but `wait` returns at once when a signal comes.
+  timeout -k "$KILL_AFTER_S" "$limit" "$@" &
+  running="$name $!"
+  wait "$!"
   rc=$?
+  running=""
   unset CEK_STEP CEK_STEP_LIMIT
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then  # 137: it ignored the TERM and got the KILL
-    echo "$name: killed by its ${limit}s timeout after $((SECONDS - start))s" >>"$OUT/steps.log"
+    echo "$name: killed by its ${limit}s timeout after $((SECONDS - started))s" >>"$OUT/steps.log"
   else
-    echo "$name: exit $rc after $((SECONDS - start))s" >>"$OUT/steps.log"
+    echo "$name: exit $rc after $((SECONDS - started))s" >>"$OUT/steps.log"
   fi
   [ "$rc" -eq 0 ] || status=1
+  summary >/dev/null
 }
 
 bench() {  # bench NAME TIMEOUT ARGS...: one `cek bench` step, its rows kept in $PARTS/NAME.json
@@ -239,18 +285,7 @@ bench torch_compile 35 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --d
     --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.
-$PY - "$PARTS" "$OUT/bench.json" <<'PY'
-import json, pathlib, sys
-rows = []
-# In the order the steps ran: each step's file was last written by its last row.
-for part in sorted(pathlib.Path(sys.argv[1]).glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
-    try:
-        rows += [dict(r, run=part.stem) for r in json.loads(part.read_text())]
-    except ValueError as exc:  # cannot happen with atomic writes; keep the others if it does
-        print(f"{part.name}: unreadable ({exc})", file=sys.stderr)
-pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
-print(f"{len(rows)} rows in {sys.argv[2]}")
-PY
+summary
 cat "$OUT/steps.log" "$OUT/tables.txt"
 if "$REHEARSE"; then
   cat "$OUT/rehearsal.log"
