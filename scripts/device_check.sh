@@ -8,8 +8,9 @@
 #                  floor), GPU, C compiler, imports, a tiny CuPy compile + launch, versions
 #                  (CuPy's NVRTC and cek's among them)
 #   compile.log    every kernel instance, the bench steps' first, compiled by CuPy in parallel
-#                  on every CPU core into its disk cache, before any step is timed
-#   warm.log       each bench call run once at a few rows: CuPy's own kernels and torch's compiled
+#                  on every CPU core into its disk cache, before any step is timed; then CuPy's
+#                  own kernels, each bench call run once at a few rows in a worker of its own
+#   warm.log       each bench call run once at a few rows, in one process: what is still cold
 #   steps.log      each step's exit status and seconds ("killed by its timeout" when it was;
 #                  "cut by TERM" for the step running when the run itself was stopped)
 #   tables.txt     every step's table, row by row as timed; bench.log its warnings and failures
@@ -221,8 +222,9 @@ grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 
 # 2. Every kernel any step launches (every instance: the bench steps' first, then the rest, among
 #    them the gpu tier's), compiled by CuPy on every core into its disk cache, so that no timed
-#    step waits on NVRTC; then each bench call once at a few rows, so that CuPy's own kernels
-#    and torch's are compiled before timing too.
+#    step waits on NVRTC; then each bench call once at a few rows, a worker each on every core,
+#    so that CuPy's own kernels (the baselines' math, cek's glue, the checks) are compiled there
+#    too; then the warm step, the calls again in one process, finds them compiled.
 step compile 40 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
     >"$OUT/compile.log" 2>&1
 step warm 40 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1

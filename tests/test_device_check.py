@@ -398,6 +398,8 @@ def test_the_rehearsal_models_the_gpu_tier_as_its_workers_run_there(tmp_path):
         "def test_count():\n"
         f"    pathlib.Path({str(tmp_path / 'workers')!r}).write_text(\n"
         "        os.environ['PYTEST_XDIST_WORKER_COUNT'])\n")
+    (tmp_path / "rehearsal").mkdir()
+    (tmp_path / "rehearsal" / "references_s").write_text("20")  # as measured by an earlier step
     env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "gpu_tests", "CEK_STEP_LIMIT": "58",
            "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(REHEARSE), "-m", "pytest", "-v", "-n", "8",
@@ -449,29 +451,31 @@ def test_the_rehearsal_stopped_by_a_term_keeps_its_finished_steps(tmp_path):
     import signal
 
     out = tmp_path / "out"
+    names = [name for _, name, _, _ in _steps()]
+    first = _bench_calls()[0][0]
+    after = names[names.index(first) + 1]
     run = subprocess.Popen(["bash", str(SCRIPT), "--rehearse"], env={
         **os.environ, "OUT": str(out), "CEK_PYTHON": sys.executable},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = _bench_calls()[0][0]
         deadline = time.monotonic() + 540
-        while run.poll() is None and time.monotonic() < deadline and not any(
-                line.startswith(f"{first}: ") for line in
-                (out / "steps.log").read_text().splitlines()):
+        tables = out / "tables.txt"  # a bench step's heading goes there as it starts
+        while run.poll() is None and time.monotonic() < deadline and not (
+                tables.exists() and f"== {after}\n" in tables.read_text()):
             time.sleep(0.5)
+        time.sleep(2)  # well inside the step, which runs for seconds
         run.send_signal(signal.SIGTERM)
         _, stderr = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
             run.kill()
     outcome = dict(line.split(": ", 1) for line in (out / "steps.log").read_text().splitlines())
-    names = [name for _, name, _, _ in _steps()]
     assert run.returncode == 143, stderr
-    assert list(outcome) == names[:names.index(first) + 2], outcome
+    assert list(outcome) == names[:names.index(after) + 1], outcome
     assert outcome[first].startswith("exit 0 after "), outcome
-    assert outcome[names[names.index(first) + 1]].startswith("cut by TERM after "), outcome
+    assert outcome[after].startswith("cut by TERM after "), outcome
     rows = json.loads((out / "bench.json").read_text())
-    assert {row["run"] for row in rows} <= {first, names[names.index(first) + 1]}
+    assert {row["run"] for row in rows} <= {first, after}
     assert [row for row in rows if row["run"] == first], rows
 
 
