@@ -96,23 +96,21 @@ def nvrtc_seconds(kernels: list | None = None) -> float:
     return seconds
 
 
-def _cupy_includes() -> list[str]:
-    """The include folders CuPy compiles its own kernels with: its headers, the CCCL it ships,
-    and the CUDA headers of the nvidia wheels beside it."""
-    import glob
-
-    import cupy
-
-    include = Path(cupy.__file__).parent / "_core" / "include"
-    cccl = include / "cupy" / "_cccl"
-    wheels = glob.glob(str(Path(cupy.__file__).parents[1] / "nvidia" / "*" / "include"))
-    return [str(include), str(cccl / "thrust"), str(cccl / "libcudacxx"),
-            str(cccl / "cub"), *wheels]
-
-
 # One of CuPy's elementwise kernels (a product of two float32 arrays) and one of its reductions
 # along an axis (a CUB block reduction), as CuPy writes them: its headers are most of the time.
-CUPY_ELEMENTWISE = r"""
+# Compiled in a Python of their own (the stand-in may be in CuPy's place in this one) with
+# CuPy's NVRTC, its headers, the CCCL it ships and the CUDA headers of the nvidia wheels beside
+# it, after a compile that starts NVRTC; it prints the seconds of each.
+CUPY_COMPILES = r'''
+import glob, pathlib, time
+import cupy
+from cupy.cuda import nvrtc
+include = pathlib.Path(cupy.__file__).parent / "_core" / "include"
+cccl = include / "cupy" / "_cccl"
+folders = [include, cccl / "thrust", cccl / "libcudacxx", cccl / "cub",
+           *glob.glob(str(pathlib.Path(cupy.__file__).parents[1] / "nvidia" / "*" / "include"))]
+options = tuple(f"-I{folder}" for folder in folders) + ("-std=c++17", "-arch=sm_90")
+ELEMENTWISE = """
 #include <cupy/complex.cuh>
 #include <cupy/carray.cuh>
 extern "C" __global__ void cupy_multiply(CArray<float, 1, 1, 1> a, CArray<float, 1, 1, 1> b,
@@ -120,7 +118,7 @@ extern "C" __global__ void cupy_multiply(CArray<float, 1, 1, 1> a, CArray<float,
   CUPY_FOR(i, ind.size()) { ind.set(i); out[ind.get()] = a[ind.get()] * b[ind.get()]; }
 }
 """
-CUPY_REDUCTION = r"""
+REDUCTION = """
 #include <cupy/complex.cuh>
 #include <cupy/carray.cuh>
 #include <cub/block/block_reduce.cuh>
@@ -133,35 +131,32 @@ extern "C" __global__ void cupy_sum(const float* x, float* out, int n) {
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 """
+def seconds(source):
+    start = time.perf_counter()
+    nvrtc.compileProgram(nvrtc.createProgram(source, "cupy.cu", (), ()), options)
+    return time.perf_counter() - start
+seconds(ELEMENTWISE)
+print(seconds(ELEMENTWISE), seconds(REDUCTION))
+'''
 
 
 def cupy_seconds() -> tuple[float, float]:
-    """(elementwise, reduction): the seconds of one compile of each kind of CuPy's own kernels
-    here, with CuPy's NVRTC and headers, after a compile that starts NVRTC; as measured before
-    in this rehearsal, else now. Where they cannot be compiled here, cek's NVRTC seconds."""
+    """(elementwise, reduction): the seconds here of one compile of each kind of CuPy's own
+    kernels (CUPY_COMPILES), as measured before in this rehearsal, else now. Where they cannot
+    be compiled here, cek's NVRTC seconds, said on stderr."""
     record = RECORD / "cupy_s"
-    if record.exists():
-        elementwise, reduction = map(float, record.read_text().split())
-        return elementwise, reduction
-    try:
-        from cupy.cuda import nvrtc
-
-        options = tuple(f"-I{folder}" for folder in _cupy_includes()) + ("-std=c++17",
-                                                                         "-arch=sm_90")
-
-        def seconds(source: str) -> float:
-            start = time.perf_counter()
-            nvrtc.compileProgram(nvrtc.createProgram(source, "cupy.cu", (), ()), options)
-            return time.perf_counter() - start
-
-        seconds(CUPY_ELEMENTWISE)
-        elementwise, reduction = seconds(CUPY_ELEMENTWISE), seconds(CUPY_REDUCTION)
-    except Exception as exc:  # noqa: BLE001 - the model then takes cek's compile seconds
-        print(f"rehearsal: CuPy's kernels do not compile here ({type(exc).__name__}: {exc}); "
-              "modelled at cek's NVRTC seconds", file=sys.stderr)
-        elementwise = reduction = nvrtc_seconds()
-    RECORD.mkdir(parents=True, exist_ok=True)
-    record.write_text(f"{elementwise:.4f} {reduction:.4f}")
+    if not record.exists():
+        done = subprocess.run([sys.executable, "-c", CUPY_COMPILES], capture_output=True,
+                              text=True, check=False)
+        try:
+            elementwise, reduction = map(float, done.stdout.split())
+        except ValueError:
+            print(f"rehearsal: CuPy's kernels do not compile here ({done.stderr.strip()[-300:]}); "
+                  "modelled at cek's NVRTC seconds", file=sys.stderr)
+            elementwise = reduction = nvrtc_seconds()
+        RECORD.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{elementwise:.4f} {reduction:.4f}")
+    elementwise, reduction = map(float, record.read_text().split())
     return elementwise, reduction
 
 
@@ -293,10 +288,16 @@ def record_cupy(patch, fake_cupy, standin):
 
     array = fake_cupy.DeviceArray
 
+    def kind(value) -> str:  # an array's or a NumPy scalar's dtype, a dtype's, else the type
+        if isinstance(value, (np.ndarray, np.generic)):
+            return str(value.dtype)
+        if isinstance(value, (type, np.dtype)):
+            return np.dtype(value).name
+        return type(value).__name__
+
     def note(operation, *values):
         if not _launching[0]:
-            _cupy.add(" ".join([operation, *(str(getattr(v, "dtype", type(v).__name__))
-                                             for v in values)]))
+            _cupy.add(" ".join([operation, *map(kind, values)]))
 
     def array_ufunc(self, ufunc, method, *inputs, out=None, **kwargs):
         note(f"{ufunc.__name__}.{method}", *inputs)
@@ -312,7 +313,7 @@ def record_cupy(patch, fake_cupy, standin):
 
     def cast(self, dtype, *args, **kwargs):
         if np.dtype(dtype) != self.dtype:
-            note("astype", self, np.empty(0, dtype))
+            note("astype", self, dtype)
         return astype(self, dtype, *args, **kwargs)
 
     patch.setattr(array, "__array_ufunc__", array_ufunc, raising=False)
@@ -322,7 +323,7 @@ def record_cupy(patch, fake_cupy, standin):
         def noted(*args, _name=name, _run=getattr(cupy, name), **kwargs):
             if _name != "ascontiguousarray" or not args[0].flags.c_contiguous:
                 note(_name, *[a for a in args if hasattr(a, "dtype")],
-                     *([np.empty(0, kwargs["dtype"])] if kwargs.get("dtype") else []))
+                     *([kwargs["dtype"]] if kwargs.get("dtype") is not None else []))
             return _run(*args, **kwargs)
 
         patch.setattr(cupy, name, noted)

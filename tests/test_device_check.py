@@ -388,6 +388,65 @@ def test_the_rehearsal_fails_a_step_that_launches_a_kernel_not_compiled(tmp_path
     assert "2 NVRTC compiles x 0.50s" in log
 
 
+def test_the_compile_step_compiles_cupys_own_kernels_after_ceks(monkeypatch, capsys):
+    """After every cek kernel, the compile step runs each warm call in workers on every core,
+    so that CuPy's own kernels the calls reach are in CuPy's disk cache before the warm step,
+    which would compile them one after the other, cold, inside its timeout."""
+    compile_kernels = _compile_kernels()
+    done = []
+    monkeypatch.setattr(compile_kernels, "compile_all",
+                        lambda kernels, jobs: done.append(("cek", len(kernels), jobs)) or 0)
+    monkeypatch.setattr(compile_kernels, "warm_all",
+                        lambda calls, jobs: done.append(("cupy", calls, jobs)) or 0)
+    assert compile_kernels.main([str(SCRIPT), "--all", "--jobs", "16"]) == 0
+    calls = compile_kernels.warm_calls(SCRIPT.read_text())
+    assert done == [("cek", len(compile_kernels.every_kernel()), 16), ("cupy", calls, 16)]
+    assert len(calls) == len(_bench_calls())
+
+
+def test_a_step_modelled_over_two_thirds_of_its_timeout_fails(tmp_path, monkeypatch):
+    """The model leaves out the GPU's own work and a slower or busier CPU there: a third of
+    each timeout is kept for them."""
+    rehearse = script_module("rehearse")
+    monkeypatch.setattr(rehearse, "OUT", tmp_path)
+    monkeypatch.setenv("CEK_STEP", "cek_768")
+    monkeypatch.setenv("CEK_STEP_LIMIT", "30")
+    assert rehearse.verdict([], 19.9, "under")
+    assert not rehearse.verdict([], 20.1, "over")
+    assert (tmp_path / "rehearsal.log").read_text().splitlines() == [
+        "cek_768: OK (modelled 19.9s of 30s: under)",
+        "cek_768: FAIL modelled 20.1s on the GPU machine, over two thirds of its 30s "
+        "(modelled 20.1s of 30s: over)"]
+
+
+@pytest.mark.emulator
+def test_the_rehearsal_counts_cold_compiles_of_cupy_and_torch(tmp_path):
+    """A bench call with CuPy's baseline and torch.compile's, rehearsed with no CuPy kernel
+    compiled before: each of CuPy's kernels it reaches and its torch.compile (one function, one
+    dtype) are cold compiles in its model, at the seconds planted here as measured."""
+    pytest.importorskip("torch")
+    record = tmp_path / "rehearsal"
+    record.mkdir()
+    (record / "compiled.txt").write_text("".join(
+        f"{cls.for_n_dim(768).id}\n" for cls in (kernel_classes()["fused"],
+                                                  CosineEmbeddingLossReduce)))
+    (record / "nvrtc_s").write_text("0.1")
+    (record / "cupy_s").write_text("0.5 2.0")
+    (record / "torch_compile_s").write_text("30")
+    env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "torch_compile",
+           "CEK_STEP_LIMIT": "35", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(REHEARSE), "-m", "cek", "bench", "--n-dim", "768",
+                           "--n-rows", "65536", "--kernel", "fused", "--repeat", "100",
+                           "--baseline", "cupy,torch-compile"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "rehearsal.log").read_text()
+    assert done.returncode == 1, done.stdout + done.stderr + log
+    found = re.search(r"(\d+) of CuPy's kernels cold \((\d+) x 0.50s, (\d+) reductions x "
+                      r"2.00s\), 1 cold torch.compile x 30.0s", log)
+    assert found and int(found[1]) > 0, log
+    assert log.startswith("torch_compile: FAIL modelled ") and "over two thirds of its 35s" in log
+
+
 def test_the_rehearsal_models_the_gpu_tier_as_its_workers_run_there(tmp_path):
     """The gpu tier's -n workers each have a core of their own on the GPU machine (16 cores):
     rehearsed, the command runs with one worker, whose start and collection is the tier's start
