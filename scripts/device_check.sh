@@ -214,10 +214,10 @@ export OUT PY
 # cek doctor first: the GPU path's facts, one launch against the CPU path, each problem's fix,
 # each line written as it is known (a cold torch import, CUDA's start, a few NVRTC compiles and
 # the CPU path's g++ build come before the launch's line).
-step doctor 40 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
+step doctor 22 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
 
 # 1. Preflight: a missing piece is named in the first seconds, here and in env.txt.
-step preflight 15 bash -c preflight >"$OUT/env.txt" 2>&1
+step preflight 17 bash -c preflight >"$OUT/env.txt" 2>&1
 grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 
 # 2. Every kernel any step launches (every instance: the bench steps' first, then the rest, among
@@ -225,9 +225,9 @@ grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 #    step waits on NVRTC; then each bench call once at a few rows, a worker each on every core,
 #    so that CuPy's own kernels (the baselines' math, cek's glue, the checks) are compiled there
 #    too; then the warm step, the calls again in one process, finds them compiled.
-step compile 40 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
+step compile 70 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
     >"$OUT/compile.log" 2>&1
-step warm 40 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
+step warm 10 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
 
 # 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
@@ -236,32 +236,32 @@ step warm 40 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OU
 #    twins' code at this width), and the step's backward, the keep kernel, where it keeps (an
 #    upstream gradient of 1: a wave of blocks that read one value) and where it recomputes.
 STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
-bench cek_768 40 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+bench cek_768 28 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --kernel backward-keep $STEP
-bench cek_4096 16 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
-bench cek_128 25 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
+bench cek_4096 18 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
+bench cek_128 17 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
 # Few wide rows: the split's fused and forward pairs beside the one-block-per-row kernels, both
 # ways at each shape, where the threshold's model (docs/design.md, "Wide rows, few of them")
 # puts the crossover: 48 rows of 2^20 (split), and 48, 128 and 256 rows of 32768 (split below
 # SPLIT_BELOW_ROWS, one block a row from it), with cek.torch's step beside torch's.
 SPLIT="--kernel fused --kernel fused-split --kernel forward-rows --kernel forward-split \
     --dtype f32 --dtype bf16 --repeat 50"
-bench split_48 20 --n-dim 1048576 --n-rows 48 $SPLIT --baseline cek-torch,torch
-bench split_48_32k 8 --n-dim 32768 --n-rows 48 $SPLIT --baseline none
-bench split_128 10 --n-dim 32768 --n-rows 128 $SPLIT --baseline cek-torch,torch
-bench split_256 12 --n-dim 32768 --n-rows 256 $SPLIT --baseline cek-torch,torch
+bench split_48 16 --n-dim 1048576 --n-rows 48 $SPLIT --baseline cek-torch,torch
+bench split_48_32k 12 --n-dim 32768 --n-rows 48 $SPLIT --baseline none
+bench split_128 12 --n-dim 32768 --n-rows 128 $SPLIT --baseline cek-torch,torch
+bench split_256 13 --n-dim 32768 --n-rows 256 $SPLIT --baseline cek-torch,torch
 
 # 4. The gpu tier: kernels, functional API, cek.torch against the float64 reference, and the
 #    mean and sum at 65536x768 launch after launch; not the CLI bench test, which the steps here
 #    run. In 8 workers, a test file to a worker (the huge-rows tests take GBs each, in turn);
 #    -v: each test's name reaches the log as it ends, so a killed run names where it was.
-step gpu_tests 58 $PY -m pytest -v -n 8 --dist loadfile -m gpu -p no:cacheprovider tests \
+step gpu_tests 60 $PY -m pytest -v -n 8 --dist loadfile -m gpu -p no:cacheprovider tests \
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
 # 5. The CuPy baseline at 65536x768 (cek again in the step: its speed-up is same-run; the sweep
 #    below has CuPy at the other widths).
-bench base_768 15 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
+bench base_768 12 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --repeat 100 --baseline cupy
 
 # 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
@@ -269,21 +269,22 @@ DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 -
 bench sweep_fused 12 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
     --plot "$OUT/bench_fused.png"
 # The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 9 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
+bench sweep_fused_bf16 11 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
     --baseline cupy,torch
-bench sweep_fwd_bwd 9 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
+bench sweep_fwd_bwd 14 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
 # One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 8 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
+bench sweep_rows 12 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
     --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
     --repeat 50 --baseline none
 
-# 7. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 (its
-#    first compiles take tens of seconds each: the other shapes do not fit the budget; run them
-#    with `cek bench --n-dim 4096 --n-rows 8192 --dtype f32 --dtype bf16 --baseline
-#    torch-compile,cek-torch-compile`, and at 128 x 1048576). Its compile time is first_s in its
-#    rows; whatever it does, it can cost no other figure.
-bench torch_compile 35 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 --dtype bf16 \
+# 7. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 in
+#    float32 (its first compiles take tens of seconds each, a cold compile for each function and
+#    dtype: bfloat16 and the other shapes do not fit the budget; run them with `cek bench
+#    --n-dim 768 --n-rows 65536 --dtype bf16 --baseline torch-compile,cek-torch-compile`, and
+#    at 4096 x 8192 and 128 x 1048576). Its compile time is first_s in its rows; whatever it
+#    does, it can cost no other figure.
+bench torch_compile 60 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 \
     --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.
