@@ -21,7 +21,8 @@ builds take minutes on this CPU), and the static figures are counted, not comput
 Each step's verdict is a line of $OUT/rehearsal.log: FAIL when it launched a kernel that the
 compile step did not record, or when its modelled time on the GPU machine is over two thirds of
 its timeout (CEK_STEP_LIMIT; SHARE: the rest is the margin for what the model leaves out). The
-model counts what the GPU machine pays on its CPU: this process's start-up as measured here (its
+model counts what the GPU machine pays on its CPU, in CPU seconds used here (cpu_seconds: a
+busy machine's wall clock also counts the wait for a core): this process's start-up (its
 imports, torch's among them), and every cold compile it would make, each at the seconds one took
 here:
 - cek's kernels (NVRTC): a kernel not compiled before, the static figures of each kernel timed;
@@ -39,15 +40,12 @@ The GPU's own work (milliseconds a row) is not in it.
 
 from __future__ import annotations
 
-import time
-
-STARTED = time.perf_counter()
-
-import math  # noqa: E402 - after the clock: the start-up measured is the imports'
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import math
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CORES = 16  # the GPU machine's CPU cores, which the compile step's workers share
@@ -58,6 +56,19 @@ SMALL_DIM, SPLIT_ROWS, ROWS = 8, "2", "64"  # the split's 1024-thread blocks are
 SHARE = 2 / 3
 OUT = Path(os.environ.get("OUT", "out"))
 RECORD = OUT / "rehearsal"  # compiled.txt, nvrtc_s: what the compile step leaves the others
+
+
+def cpu_seconds() -> float:
+    """The CPU seconds this process and the children it waited for have used, its start-up and
+    imports included: what their work takes where its cores are its own, as on the GPU machine.
+    The wall clock here also counts the wait for a core, several times the work itself on a
+    busy 2-core machine. (Work spread over threads counts each thread's seconds: more, never
+    less, than it takes there.)"""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def verdict(failures: list[str], modelled: float, how: str) -> bool:
@@ -86,11 +97,11 @@ def nvrtc_seconds(kernels: list | None = None) -> float:
 
     kernels = kernels or [kernel_classes()["fused"].for_n_dim(768)]
     compile_kernel(kernels[0], "sm_90")
-    start = time.perf_counter()
+    start = cpu_seconds()
     sample = kernels[::max(1, len(kernels) // SAMPLE)][:SAMPLE]
     for kernel in sample:
         compile_kernel(kernel, "sm_90")
-    seconds = (time.perf_counter() - start) / len(sample)
+    seconds = (cpu_seconds() - start) / len(sample)
     RECORD.mkdir(parents=True, exist_ok=True)
     (RECORD / "nvrtc_s").write_text(f"{seconds:.4f}")
     return seconds
@@ -132,9 +143,9 @@ extern "C" __global__ void cupy_sum(const float* x, float* out, int n) {
 }
 """
 def seconds(source):
-    start = time.perf_counter()
+    start = time.process_time()
     nvrtc.compileProgram(nvrtc.createProgram(source, "cupy.cu", (), ()), options)
-    return time.perf_counter() - start
+    return time.process_time() - start
 seconds(ELEMENTWISE)
 print(seconds(ELEMENTWISE), seconds(REDUCTION))
 '''
@@ -181,11 +192,11 @@ def torch_compile_seconds() -> float:
 
     with tempfile.TemporaryDirectory() as caches:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": caches, "TRITON_CACHE_DIR": caches}
-        start = time.perf_counter()
+        start = cpu_seconds()
         subprocess.run([sys.executable, "-c", "import torch"], check=True, env=env)
-        imported = time.perf_counter()
+        imported = cpu_seconds()
         subprocess.run([sys.executable, "-c", TORCH_COMPILE], check=True, env=env)
-        seconds = time.perf_counter() - imported - (imported - start)
+        seconds = cpu_seconds() - imported - (imported - start)
     RECORD.mkdir(parents=True, exist_ok=True)
     record.write_text(f"{seconds:.4f}")
     return seconds
@@ -383,7 +394,7 @@ def bench(args: list[str]) -> int:
     from cek.cli import main
 
     plant_standin()
-    ready = time.perf_counter() - STARTED
+    ready = cpu_seconds()
     code = _exit_code(lambda: main(["bench", *shrunk(args)], prog_name="cek"))
     return check_launches(code, ready)
 
@@ -400,7 +411,7 @@ def compile_step(argv: list[str]) -> int:
         plant_standin()
         calls = kernels.warm_calls
         kernels.warm_calls = lambda script: [shrunk(args) for args in calls(script)]
-        ready = time.perf_counter() - STARTED
+        ready = cpu_seconds()
         return check_launches(_exit_code(lambda: sys.exit(kernels.main(argv[1:]))), ready,
                               static=False)
     kernels.compile_all = record_compiles
@@ -412,11 +423,11 @@ _cek_phase: list = []  # the compile step's cek kernels, as modelled: (seconds, 
 
 
 def _worker_start(imports: str) -> float:
-    """The seconds here of a worker's start: a Python that imports `imports`."""
-    start = time.perf_counter()
+    """The CPU seconds here of a worker's start: a Python that imports `imports`."""
+    start = cpu_seconds()
     subprocess.run([sys.executable, "-c", f"import {imports}"], check=False,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return time.perf_counter() - start
+    return cpu_seconds() - start
 
 
 def record_compiles(kernels: list, jobs: int) -> int:
@@ -482,7 +493,7 @@ def doctor() -> int:
         failures.append("cek doctor gave no verdict")
     # No GPU here: no launch, so its compiles (two kernels, forward and backward, two dtypes)
     # are counted in.
-    own = time.perf_counter() - STARTED
+    own = cpu_seconds()
     seconds = nvrtc_seconds()
     return 0 if verdict(failures, own + 6 * seconds,
                         f"{own:.1f}s here, 6 NVRTC compiles x {seconds:.2f}s") else 1
@@ -508,7 +519,7 @@ def gpu_tier(argv: list[str]) -> int:
            "CEK_REHEARSE_COMPILES": str(counted)}
     code = subprocess.run([sys.executable, *argv[:2], "-p", "rehearse", *argv[2:]], check=False,
                           env=env).returncode
-    own = time.perf_counter() - STARTED
+    own = cpu_seconds()
     compiles = int(counted.read_text()) if counted.exists() else 0
     compile_s = torch_compile_seconds() if compiles else 0.0
     references = gpu_tier_references()
@@ -539,13 +550,13 @@ import sys, time
 sys.path.insert(0, "tests")
 from cek import check
 import test_cosine_embedding_loss as t
-start = time.perf_counter()
+start = time.process_time()
 for cls in t.KERNELS:
     for n_dim in t.GPU_DIMS + [16384]:
         for seed, margin in enumerate(t.MARGINS):
             for n_rows in (1, 7, 300):
                 check.expected(cls.for_n_dim(n_dim), t._inputs(cls, n_rows, n_dim, seed), margin)
-print(time.perf_counter() - start)
+print(time.process_time() - start)
 """
 
 
@@ -567,7 +578,7 @@ def as_it_is(argv: list[str]) -> int:
     code = subprocess.run([sys.executable, *argv], check=False).returncode
     if not os.environ.get("CEK_STEP"):
         return code
-    own = time.perf_counter() - STARTED
+    own = cpu_seconds()
     return code or (0 if verdict([], own, f"{own:.1f}s here") else 1)
 
 
