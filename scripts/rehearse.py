@@ -7,7 +7,7 @@ before the GPU run. The script runs its Python as `$PY ARGS`; rehearsing, $PY is
   -c CODE, - (stdin)     as they are (the matplotlib probe, the preflight, the summary)
   scripts/compile_kernels.py SCRIPT ...   its own argument parsing and selection; each kernel it
                          would compile is recorded, not compiled, and cek's NVRTC is timed here on
-                         SAMPLE of them; then its bench calls on the stand-in, as below, each of
+                         a few of them; then its bench calls on the stand-in, as below, each of
                          CuPy's own kernels they reach recorded; with --warm, those calls only
   -m cek bench ARGS      on the CuPy stand-in (tests/fake_cupy.py) with the emulator, each width
                          made small (a distinct one per width) and the rows few; every kernel it
@@ -24,7 +24,7 @@ its timeout (CEK_STEP_LIMIT; SHARE: the rest is the margin for what the model le
 model counts what the GPU machine pays on its CPU, in CPU seconds used here (cpu_seconds: a
 busy machine's wall clock also counts the wait for a core): this process's start-up (its
 imports, torch's among them), and every cold compile it would make, each at the seconds one took
-here:
+here (scripts/rehearse_costs.py measures them):
 - cek's kernels (NVRTC): a kernel not compiled before, the static figures of each kernel timed;
   the compile step's are shared among GPU_CORES workers;
 - CuPy's own kernels (CuPy's NVRTC and headers: one elementwise kernel, one CUB reduction): each
@@ -42,33 +42,22 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also where imported by its path
+from rehearse_costs import (cpu_seconds, cupy_seconds, gpu_tier_references,  # noqa: E402
+                            nvrtc_seconds, torch_compile_seconds, worker_start)
+
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CORES = 16  # the GPU machine's CPU cores, which the compile step's workers share
-SAMPLE = 4  # kernels compiled here to time NVRTC
 SMALL_DIM, SPLIT_ROWS, ROWS = 8, "2", "64"  # the split's 1024-thread blocks are slow to emulate
 # The share of its timeout a step's modelled time may take: the rest is for what the model
 # leaves out (the GPU's own work, a slower or busier CPU there).
 SHARE = 2 / 3
 OUT = Path(os.environ.get("OUT", "out"))
 RECORD = OUT / "rehearsal"  # compiled.txt, nvrtc_s: what the compile step leaves the others
-
-
-def cpu_seconds() -> float:
-    """The CPU seconds this process and the children it waited for have used, its start-up and
-    imports included: what their work takes where its cores are its own, as on the GPU machine.
-    The wall clock here also counts the wait for a core, several times the work itself on a
-    busy 2-core machine. (Work spread over threads counts each thread's seconds: more, never
-    less, than it takes there.)"""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
 
 
 def verdict(failures: list[str], modelled: float, how: str) -> bool:
@@ -85,121 +74,6 @@ def verdict(failures: list[str], modelled: float, how: str) -> bool:
         log.write(line + "\n")
     print(f"rehearsal: {line}", file=sys.stderr)
     return not failures
-
-
-def nvrtc_seconds(kernels: list | None = None) -> float:
-    """The seconds of one NVRTC compile here: as measured before, else measured now on SAMPLE
-    of `kernels` (default: the fused kernel), after one compile that starts NVRTC."""
-    if kernels is None and (RECORD / "nvrtc_s").exists():
-        return float((RECORD / "nvrtc_s").read_text())
-    from cek.compile import compile_kernel
-    from cek.kernel import kernel_classes
-
-    kernels = kernels or [kernel_classes()["fused"].for_n_dim(768)]
-    compile_kernel(kernels[0], "sm_90")
-    start = cpu_seconds()
-    sample = kernels[::max(1, len(kernels) // SAMPLE)][:SAMPLE]
-    for kernel in sample:
-        compile_kernel(kernel, "sm_90")
-    seconds = (cpu_seconds() - start) / len(sample)
-    RECORD.mkdir(parents=True, exist_ok=True)
-    (RECORD / "nvrtc_s").write_text(f"{seconds:.4f}")
-    return seconds
-
-
-# One of CuPy's elementwise kernels (a product of two float32 arrays) and one of its reductions
-# along an axis (a CUB block reduction), as CuPy writes them: its headers are most of the time.
-# Compiled in a Python of their own (the stand-in may be in CuPy's place in this one) with
-# CuPy's NVRTC, its headers, the CCCL it ships and the CUDA headers of the nvidia wheels beside
-# it, after a compile that starts NVRTC; it prints the seconds of each.
-CUPY_COMPILES = r'''
-import glob, pathlib, time
-import cupy
-from cupy.cuda import nvrtc
-include = pathlib.Path(cupy.__file__).parent / "_core" / "include"
-cccl = include / "cupy" / "_cccl"
-folders = [include, cccl / "thrust", cccl / "libcudacxx", cccl / "cub",
-           *glob.glob(str(pathlib.Path(cupy.__file__).parents[1] / "nvidia" / "*" / "include"))]
-options = tuple(f"-I{folder}" for folder in folders) + ("-std=c++17", "-arch=sm_90")
-ELEMENTWISE = """
-#include <cupy/complex.cuh>
-#include <cupy/carray.cuh>
-extern "C" __global__ void cupy_multiply(CArray<float, 1, 1, 1> a, CArray<float, 1, 1, 1> b,
-                                         CArray<float, 1, 1, 1> out, CIndexer<1> ind) {
-  CUPY_FOR(i, ind.size()) { ind.set(i); out[ind.get()] = a[ind.get()] * b[ind.get()]; }
-}
-"""
-REDUCTION = """
-#include <cupy/complex.cuh>
-#include <cupy/carray.cuh>
-#include <cub/block/block_reduce.cuh>
-extern "C" __global__ void cupy_sum(const float* x, float* out, int n) {
-  typedef cub::BlockReduce<float, 256> Reduce;
-  __shared__ typename Reduce::TempStorage tmp;
-  float v = 0;
-  for (int i = threadIdx.x; i < n; i += 256) v += x[blockIdx.x * n + i];
-  float s = Reduce(tmp).Sum(v);
-  if (threadIdx.x == 0) out[blockIdx.x] = s;
-}
-"""
-def seconds(source):
-    start = time.process_time()
-    nvrtc.compileProgram(nvrtc.createProgram(source, "cupy.cu", (), ()), options)
-    return time.process_time() - start
-seconds(ELEMENTWISE)
-print(seconds(ELEMENTWISE), seconds(REDUCTION))
-'''
-
-
-def cupy_seconds() -> tuple[float, float]:
-    """(elementwise, reduction): the seconds here of one compile of each kind of CuPy's own
-    kernels (CUPY_COMPILES), as measured before in this rehearsal, else now. Where they cannot
-    be compiled here, cek's NVRTC seconds, said on stderr."""
-    record = RECORD / "cupy_s"
-    if not record.exists():
-        done = subprocess.run([sys.executable, "-c", CUPY_COMPILES], capture_output=True,
-                              text=True, check=False)
-        try:
-            elementwise, reduction = map(float, done.stdout.split())
-        except ValueError:
-            print(f"rehearsal: CuPy's kernels do not compile here ({done.stderr.strip()[-300:]}); "
-                  "modelled at cek's NVRTC seconds", file=sys.stderr)
-            elementwise = reduction = nvrtc_seconds()
-        RECORD.mkdir(parents=True, exist_ok=True)
-        record.write_text(f"{elementwise:.4f} {reduction:.4f}")
-    elementwise, reduction = map(float, record.read_text().split())
-    return elementwise, reduction
-
-
-# torch.compile's cold compile, measured: a training step of torch's own loss (forward and
-# backward) compiled by inductor in a process of its own, with caches of its own.
-TORCH_COMPILE = """
-import torch
-x1, x2 = (torch.randn(64, 32, requires_grad=True) for _ in range(2))
-step = torch.compile(lambda a, b, y: torch.nn.functional.cosine_embedding_loss(a, b, y).backward())
-step(x1, x2, torch.ones(64))
-"""
-
-
-def torch_compile_seconds() -> float:
-    """The seconds of one cold torch.compile here (TORCH_COMPILE: inductor builds C++ for this
-    CPU, where the GPU machine builds Triton kernels), as measured before in this rehearsal,
-    else now, less a torch import."""
-    record = RECORD / "torch_compile_s"
-    if record.exists():
-        return float(record.read_text())
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as caches:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": caches, "TRITON_CACHE_DIR": caches}
-        start = cpu_seconds()
-        subprocess.run([sys.executable, "-c", "import torch"], check=True, env=env)
-        imported = cpu_seconds()
-        subprocess.run([sys.executable, "-c", TORCH_COMPILE], check=True, env=env)
-        seconds = cpu_seconds() - imported - (imported - start)
-    RECORD.mkdir(parents=True, exist_ok=True)
-    record.write_text(f"{seconds:.4f}")
-    return seconds
 
 
 # -- the stand-in GPU ----------------------------------------------------------------------------
@@ -350,14 +224,14 @@ def _recorded(name: str) -> set[str]:
 def cold_compiles() -> tuple[float, str]:
     """(seconds, how): the step's cold compiles of CuPy's kernels (those the compile step's
     bench calls did not reach) and of torch.compile, as modelled."""
-    elementwise, reduction = cupy_seconds()
+    elementwise, reduction = cupy_seconds(RECORD)
     cold = _cupy - _recorded("cupy_compiled.txt")
     reductions = sum(".reduce" in kernel for kernel in cold)
     seconds = (len(cold) - reductions) * elementwise + reductions * reduction
     how = (f"{len(cold)} of CuPy's kernels cold ({len(cold) - reductions} x {elementwise:.2f}s, "
            f"{reductions} reductions x {reduction:.2f}s)")
     if _compiled:
-        compile_s = torch_compile_seconds()
+        compile_s = torch_compile_seconds(RECORD)
         seconds += len(_compiled) * compile_s
         how += f", {len(_compiled)} cold torch.compile x {compile_s:.1f}s"
     return seconds, how
@@ -369,7 +243,7 @@ def check_launches(code: int, ready: float, static: bool = True) -> int:
     missing = sorted(_launched - compiled)
     failures = [f"launched {len(missing)} kernels the compile step did not compile: "
                 f"{', '.join(missing)}"] if missing else []
-    seconds = nvrtc_seconds()
+    seconds = nvrtc_seconds(RECORD)
     compiles = len(missing) + (len(_static) if static else 0)
     cold, how = cold_compiles()
     ok = verdict(failures, ready + compiles * seconds + cold,
@@ -422,23 +296,15 @@ def compile_step(argv: list[str]) -> int:
 _cek_phase: list = []  # the compile step's cek kernels, as modelled: (seconds, how)
 
 
-def _worker_start(imports: str) -> float:
-    """The CPU seconds here of a worker's start: a Python that imports `imports`."""
-    start = cpu_seconds()
-    subprocess.run([sys.executable, "-c", f"import {imports}"], check=False,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return cpu_seconds() - start
-
-
 def record_compiles(kernels: list, jobs: int) -> int:
-    """The compile step's cek kernels, rehearsed: each kernel recorded, NVRTC timed on SAMPLE of
+    """The compile step's cek kernels, rehearsed: each kernel recorded, NVRTC timed on a few of
     them here, modelled as its workers' start-up and its compiles shared among GPU_CORES."""
     RECORD.mkdir(parents=True, exist_ok=True)
     (RECORD / "compiled.txt").write_text("".join(f"{k.id}\n" for k in kernels))
     for kernel in kernels:
         print(f"{kernel.id}: recorded", flush=True)
-    seconds = nvrtc_seconds(kernels)
-    worker = _worker_start("cupy, cek.gpu")
+    seconds = nvrtc_seconds(RECORD, kernels)
+    worker = worker_start("cupy, cek.gpu")
     # There, --jobs is one worker a core: GPU_CORES.
     rounds = math.ceil(len(kernels) / GPU_CORES)
     _cek_phase[:] = [worker + rounds * seconds,
@@ -455,7 +321,7 @@ def record_cupy_compiles(calls: list, jobs: int) -> int:
     from cek.cli import main
 
     plant_standin()
-    elementwise, reduction = cupy_seconds()
+    elementwise, reduction = cupy_seconds(RECORD)
     reached, failed = [], 0
     for args in calls:
         _cupy.clear()
@@ -465,7 +331,7 @@ def record_cupy_compiles(calls: list, jobs: int) -> int:
                         set(_cupy)))
     every = set().union(*(kernels for _, kernels in reached))
     (RECORD / "cupy_compiled.txt").write_text("".join(f"{k}\n" for k in sorted(every)))
-    worker = _worker_start("cupy, torch, cek.bench")
+    worker = worker_start("cupy, torch, cek.bench")
     rounds = [max(s for s, _ in reached[i:i + GPU_CORES])
               for i in range(0, len(reached), GPU_CORES)]
     cek_s, cek_how = _cek_phase or [0.0, "no cek kernels"]
@@ -494,7 +360,7 @@ def doctor() -> int:
     # No GPU here: no launch, so its compiles (two kernels, forward and backward, two dtypes)
     # are counted in.
     own = cpu_seconds()
-    seconds = nvrtc_seconds()
+    seconds = nvrtc_seconds(RECORD)
     return 0 if verdict(failures, own + 6 * seconds,
                         f"{own:.1f}s here, 6 NVRTC compiles x {seconds:.2f}s") else 1
 
@@ -521,8 +387,8 @@ def gpu_tier(argv: list[str]) -> int:
                           env=env).returncode
     own = cpu_seconds()
     compiles = int(counted.read_text()) if counted.exists() else 0
-    compile_s = torch_compile_seconds() if compiles else 0.0
-    references = gpu_tier_references()
+    compile_s = torch_compile_seconds(RECORD) if compiles else 0.0
+    references = gpu_tier_references(RECORD)
     slowest = max(compiles * compile_s, references)
     ok = verdict([], own + slowest,
                  f"one worker's start, collection and skips {own:.1f}s here; there {workers} "
@@ -543,34 +409,6 @@ def pytest_collection_finish(session):
                     and "torch.compile(" in inspect.getsource(item.function)
                     for item in session.items if hasattr(item, "function"))
         Path(path).write_text(str(count))
-
-
-REFERENCES = """
-import sys, time
-sys.path.insert(0, "tests")
-from cek import check
-import test_cosine_embedding_loss as t
-start = time.process_time()
-for cls in t.KERNELS:
-    for n_dim in t.GPU_DIMS + [16384]:
-        for seed, margin in enumerate(t.MARGINS):
-            for n_rows in (1, 7, 300):
-                check.expected(cls.for_n_dim(n_dim), t._inputs(cls, n_rows, n_dim, seed), margin)
-print(time.process_time() - start)
-"""
-
-
-def gpu_tier_references() -> float:
-    """The seconds here of the float64 references test_gpu_matches_reference compares the GPU
-    with (REFERENCES: its cases, their references alone), the gpu tier's longest CPU work; as
-    measured before in this rehearsal, else now."""
-    record = RECORD / "references_s"
-    if not record.exists():
-        done = subprocess.run([sys.executable, "-c", REFERENCES], cwd=ROOT, capture_output=True,
-                              text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        RECORD.mkdir(parents=True, exist_ok=True)
-        record.write_text(done.stdout.split()[-1])
-    return float(record.read_text())
 
 
 def as_it_is(argv: list[str]) -> int:
