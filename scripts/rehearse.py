@@ -393,7 +393,7 @@ def gpu_tier(argv: list[str]) -> int:
     ok = verdict([], own + slowest,
                  f"one worker's start, collection and skips {own:.1f}s here; there {workers} "
                  f"workers on {GPU_CORES} cores, each a core of its own, the slowest "
-                 f"{slowest:.1f}s: {compiles} tests that torch.compile x {compile_s:.1f}s, the "
+                 f"{slowest:.1f}s: torch.compile in {compiles} of its tests x {compile_s:.1f}s, the "
                  f"float64 references of test_cosine_embedding_loss.py {references:.1f}s")
     return code or (0 if ok else 1)
 
