@@ -59,6 +59,10 @@ PARTS=$OUT/parts
 mkdir -p "$PARTS"
 rm -f "$PARTS"/*.json "$OUT/bench.json"  # an earlier run's rows are not this run's
 : >"$OUT/steps.log"
+if "$REHEARSE"; then  # nor its verdicts, nor the seconds it measured
+  rm -rf "$OUT/rehearsal"
+  : >"$OUT/rehearsal.log"
+fi
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # cek from this checkout, nothing installed
 status=0

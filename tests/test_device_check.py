@@ -227,6 +227,39 @@ def test_a_run_stopped_in_any_step_keeps_every_row_it_timed(tmp_path, cut_at, si
     assert all(json.loads((out / "parts" / f"{name}.json").read_text()) for name in started)
 
 
+def test_a_rehearsal_starts_without_an_earlier_ones_verdicts_and_seconds(tmp_path):
+    """A rehearsal into an OUT that holds an earlier one's: rehearsal.log starts empty (an old
+    FAIL would fail this run) and the seconds it measured are measured again."""
+    import signal
+
+    program = tmp_path / "steps_only.py"
+    program.write_text(_STEPS_ONLY)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{program}" "$@"\n')
+    python.chmod(0o755)
+    out, mark = tmp_path / "out", tmp_path / "cut.pid"
+    (out / "rehearsal").mkdir(parents=True)
+    (out / "rehearsal" / "cupy_s").write_text("9 9")
+    (out / "rehearsal.log").write_text("compile: FAIL an earlier run's\n")
+    run = subprocess.Popen(["bash", str(SCRIPT), "--rehearse"], env={
+        **os.environ, "OUT": str(out), "CEK_PYTHON": str(python), "CEK_CUT_AT": "doctor",
+        "CEK_CUT_MARK": str(mark)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if mark.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(mark.read_text()), signal.SIGKILL)
+    assert (out / "rehearsal.log").read_text() == ""
+    assert not (out / "rehearsal" / "cupy_s").exists()
+
+
 def _baselines(args: list[str]) -> str:
     return args[args.index("--baseline") + 1]
 
