@@ -7,10 +7,12 @@ after its preflight.
 
 --all compiles, after the bench steps' kernels, every other kernel instance (each class, dtype
 and BLOCK_SIZE): what the gpu test tier launches is among them, whatever widths its tests take.
---warm, in place of compiling, runs each bench call once in this process at a few rows
-(torch.compile's baselines left out), so that CuPy's own kernels (the baselines' math, cek's
-glue) and torch's are compiled into their caches before any step is timed. --jobs: worker
-processes (default: one a CPU).
+Then each bench call runs once at a few rows (torch.compile's baselines left out), each in a
+worker of its own, so that CuPy's own kernels that the call reaches (the baselines' math, cek's
+glue, the checks) are compiled into CuPy's disk cache on every core too, not one after the
+other in the warm step. --warm, in place of compiling, runs each
+bench call once in this process, so that any of CuPy's kernels and torch's still cold are
+compiled before any step is timed. --jobs: worker processes (default: one a CPU).
 
 The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines: each --kernel (fused
 by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with a split
@@ -147,24 +149,56 @@ def warm_calls(script: str) -> list[list[str]]:
     return calls
 
 
-def warm(script: str) -> int:
-    """Each warm call through `cek bench` in this process; the number that failed."""
+def warm_one(args: list[str]) -> str:
+    """One warm call through `cek bench` in this process: "warmed", or why it failed."""
     from cek import bench
     from cek.cli import main
 
     # The static figures compile with cek's own NVRTC and cache nothing on disk: no use here.
     bench.static_figures = lambda *args, **kwargs: None
+    try:
+        main(["bench", *args], prog_name="cek", standalone_mode=False)
+    except Exception as exc:  # noqa: BLE001 - a baseline that fails here fails in its step
+        return f"failed: {type(exc).__name__}: {exc}"
+    return "warmed"
+
+
+def warm(script: str) -> int:
+    """Each warm call through `cek bench` in this process; the number that failed."""
     failed = 0
     for args in warm_calls(script):
         start = time.perf_counter()
-        try:
-            main(["bench", *args], prog_name="cek", standalone_mode=False)
-            outcome = "warmed"
-        except Exception as exc:  # noqa: BLE001 - a baseline that fails here fails in its step
-            outcome, failed = f"failed: {type(exc).__name__}: {exc}", failed + 1
+        outcome = warm_one(args)
+        failed += outcome != "warmed"
         print(f"warm {' '.join(args)}: {outcome} in {time.perf_counter() - start:.1f}s",
               flush=True)
     return failed
+
+
+def warm_all(calls: list[list[str]], jobs: int) -> int:
+    """Each warm call in a worker process of its own, `jobs` at a time: CuPy compiles its own
+    kernels that the call reaches (the baselines' math, cek's glue, the checks) into its disk
+    cache, where the warm step and the timed steps then find them, as they find cek's; a line
+    each as it finishes; the number that failed."""
+    failed = 0
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for args, seconds, outcome in pool.map(_warm_quietly, calls):
+            print(f"CuPy's kernels of bench {' '.join(args)}: {outcome} in {seconds:.1f}s",
+                  flush=True)
+            failed += outcome != "warmed"
+    return failed
+
+
+def _warm_quietly(args: list[str]) -> tuple[list[str], float, str]:
+    """(args, seconds, outcome) of warm_one in a worker, its table and progress left unsaid."""
+    import contextlib
+    import io
+
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        outcome = warm_one(args)
+    return args, time.perf_counter() - start, outcome
 
 
 def compile_all(kernels: list, jobs: int) -> int:
@@ -216,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = compile_all(kernels, args.jobs)
     print(f"{len(kernels) - failed} of {len(kernels)} kernels compiled in "
           f"{time.perf_counter() - start:.0f}s", flush=True)
-    return 1 if failed else 0
+    calls = warm_calls(script)
+    cold = warm_all(calls, args.jobs)
+    print(f"CuPy's kernels of {len(calls) - cold} of {len(calls)} bench calls compiled, all in "
+          f"{time.perf_counter() - start:.0f}s", flush=True)
+    return 1 if failed or cold else 0
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ the model is checked by the run as well.
 
     python scripts/device_results.py OUT_DIR [--into benchmarks]
 
-A first run may lose steps: a step killed by its timeout keeps the rows it timed, a killed run
-may leave no bench.json (then each step's part is read, where the run left it) and a row whose
-step was killed before its static figures gets them computed here. The table says which steps
+A first run may lose steps: a step killed by its timeout, or stopped with the run, keeps the
+rows it timed (each step's part, OUT_DIR/parts/NAME.json, is read, so a run stopped by a KILL
+loses none of them either), and a row whose step was killed before its static figures gets them
+computed here. The table says which steps
 did not end `exit 0` and which ran no row. Exit 2 when OUT_DIR holds neither steps.log nor any
 rows; exit 1 when its rows are the rehearsal's stand-in, not a GPU's.
 """
@@ -39,14 +40,23 @@ def steps_of(out: Path) -> dict[str, str]:
 
 
 def rows_of(out: Path) -> list[dict]:
-    """bench.json's rows; none where the run ended before its summary wrote it (each step's
-    part lives in a temporary folder of the run, not in OUT_DIR)."""
-    try:
-        rows = json.loads((out / "bench.json").read_text())
-    except (OSError, ValueError) as exc:
-        print(f"device_results: no rows from {out / 'bench.json'} ({exc})", file=sys.stderr)
-        return []
-    return [row for row in rows if isinstance(row, dict) and "kernel" in row]
+    """Every row the run timed: each bench step's part (parts/NAME.json, written row by row,
+    so a step stopped by a KILL keeps the rows it timed), in the order the steps ran; where a
+    folder has no parts, bench.json's rows."""
+    parts = sorted((out / "parts").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+    found = []
+    for part in parts:
+        try:
+            found += [dict(row, run=part.stem) for row in json.loads(part.read_text())]
+        except ValueError as exc:
+            print(f"device_results: {part} unreadable ({exc})", file=sys.stderr)
+    if not parts:
+        try:
+            found = json.loads((out / "bench.json").read_text())
+        except (OSError, ValueError) as exc:
+            print(f"device_results: no rows from {out / 'bench.json'} ({exc})", file=sys.stderr)
+            return []
+    return [row for row in found if isinstance(row, dict) and "kernel" in row]
 
 
 def with_static(row: dict) -> dict:

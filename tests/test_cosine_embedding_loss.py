@@ -298,9 +298,32 @@ def test_gpu_matches_reference(cls, n_dim):
             _assert_passes(check.run_case(cls.for_n_dim(n_dim), launch, "gpu", inputs, margin))
 
 
-@pytest.mark.gpu
+@pytest.mark.emulator
 @pytest.mark.parametrize("cls", KERNELS, ids=_id)
-def test_gpu_misaligned_views(cls):
+def test_the_gpu_tiers_launcher_on_the_stand_in(monkeypatch, cls):
+    """test_gpu_matches_reference's launches (check.gpu_launcher: the arrays copied in, the
+    outputs copied back) on the stand-in for CuPy with the emulator as the GPU, at one small
+    width, so that the gpu tier's way is checked in CI before it meets a GPU."""
+    import fake_cupy
+
+    fake_cupy.install(monkeypatch)
+    launch = check.gpu_launcher()
+    for seed, margin in enumerate(MARGINS):
+        _assert_passes(check.run_case(cls.for_n_dim(33), launch, "gpu",
+                                      _inputs(cls, 7, 33, seed), margin))
+
+
+@pytest.mark.parametrize("where", [pytest.param("stand-in", marks=pytest.mark.emulator),
+                                   pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("cls", KERNELS, ids=_id)
+def test_gpu_misaligned_views(monkeypatch, cls, where):
+    """Rows one element into their device buffers, launched through cek.gpu.launch: on a GPU,
+    and on the stand-in for CuPy with the emulator as the GPU (tests/fake_cupy.py), so that the
+    way this test builds its views is checked in CI before it meets a GPU."""
+    if where == "stand-in":
+        import fake_cupy
+
+        fake_cupy.install(monkeypatch)
     import cupy
 
     from cek import gpu

@@ -9,6 +9,7 @@ Run as a program, this file is the Python the script is given in that test (CEK_
 runs `-m cek bench` on the stand-in, shrunk to one small width, with the plants of CEK_PLANT.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -59,7 +60,7 @@ def _bench_calls() -> list[tuple[str, int, list[str]]]:
 def test_the_step_timeouts_fit_the_budget():
     # Every command that can hang runs in a step: the only `timeout` is the one in step().
     assert [line.strip() for line in _lines() if re.match(r"\s*timeout ", line)] == [
-        'timeout -k "$KILL_AFTER_S" "$limit" "$@"']
+        'timeout -k "$KILL_AFTER_S" "$limit" "$@" &']
     assert [name for kind, name, _, _ in _steps() if kind == "step"] == [
         "doctor", "preflight", "compile", "warm", "gpu_tests"]
     # Every step killed, each with its grace, and the summary: under the budget still.
@@ -125,7 +126,7 @@ def test_preflight_says_first_what_differs_from_what_ci_tests(tmp_path, torch_ve
 
 def test_a_step_that_ignores_its_timeout_is_killed(tmp_path):
     # timeout -k: TERM at the limit, KILL KILL_AFTER_S later; steps.log says it was killed.
-    script = "\n".join(["status=0", _function("step"),
+    script = "\n".join(["status=0", "summary() { :; }", _function("step"),
                         "step stubborn 1 bash -c 'trap \"\" TERM; sleep 30'", "exit $status"])
     start = time.monotonic()
     done = subprocess.run(["bash", "-c", script], env={
@@ -134,6 +135,129 @@ def test_a_step_that_ignores_its_timeout_is_killed(tmp_path):
     assert done.returncode == 1 and time.monotonic() - start < 20, done.stderr
     assert (tmp_path / "steps.log").read_text().startswith(
         "stubborn: killed by its 1s timeout after "), done.stderr
+
+
+# A Python for the script that runs nothing: each `cek bench` step writes one row, as cek bench
+# does (the whole file replaced), every other command ends at once, and the step CEK_CUT_AT,
+# once its row is written (a bench step) or at its start, says its pid in CEK_CUT_MARK and waits.
+_STEPS_ONLY = """
+import json, os, pathlib, sys, time
+argv, step = sys.argv[1:], os.environ.get("CEK_STEP", "")
+if argv[:3] == ["-m", "cek", "bench"]:
+    out = pathlib.Path(argv[argv.index("--json-file") + 1])
+    out.with_suffix(".tmp").write_text(json.dumps([{"kernel": "fused", "provider": "cek"}]))
+    os.replace(out.with_suffix(".tmp"), out)
+elif argv[:1] in (["-"], ["-c"]) and not step:  # the summary, the probe for matplotlib
+    sys.argv = argv
+    exec(sys.stdin.read() if argv[0] == "-" else argv[1])
+if step == os.environ["CEK_CUT_AT"]:
+    pathlib.Path(os.environ["CEK_CUT_MARK"]).write_text(str(os.getpid()))
+    time.sleep(300)
+"""
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("cut_at", ["cek_4096", "gpu_tests", "torch_compile"])
+@pytest.mark.parametrize("signal_name", ["TERM", "INT", "KILL"])
+def test_a_run_stopped_in_any_step_keeps_every_row_it_timed(tmp_path, cut_at, signal_name):
+    """The GPU machine may stop the run at any second. On TERM or INT the running step is
+    stopped and named in steps.log, and bench.json holds every row timed until then, the
+    stopped step's own among them; on a KILL, which no script can catch, bench.json holds the
+    rows of every step that ended, and the stopped step's rows are in parts/."""
+    import signal
+
+    from conftest import sigint_as_a_terminal_sends_it
+
+    program = tmp_path / "steps_only.py"
+    program.write_text(_STEPS_ONLY)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{program}" "$@"\n')
+    python.chmod(0o755)
+    out, mark = tmp_path / "out", tmp_path / "cut.pid"
+    run = subprocess.Popen(["bash", str(SCRIPT)], env={
+        **os.environ, "OUT": str(out), "CEK_PYTHON": str(python), "CEK_CUT_AT": cut_at,
+        "CEK_CUT_MARK": str(mark)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_as_a_terminal_sends_it)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), run.communicate(timeout=60)
+        time.sleep(0.2)  # the pid is written: the step is waiting
+        pid = int(mark.read_text())
+        run.send_signal(getattr(signal, f"SIG{signal_name}"))
+        _, stderr = run.communicate(timeout=30)
+        stopped = signal_name == "KILL" or _gone(pid, 10)  # a KILL leaves the step running
+    finally:  # nothing of this test's left running, whatever failed
+        if run.poll() is None:
+            run.kill()
+        if mark.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(mark.read_text()), signal.SIGKILL)
+    names = [name for _, name, _, _ in _steps()]
+    finished = names[:names.index(cut_at)]
+    outcome = [line.split(": ", 1) for line in (out / "steps.log").read_text().splitlines()]
+    assert [name for name, _ in outcome[:len(finished)]] == finished, outcome
+    assert all(o.startswith("exit 0 after ") for _, o in outcome[:len(finished)]), outcome
+    bench_names = [name for name, _, _ in _bench_calls()]
+    rows = json.loads((out / "bench.json").read_text())
+    kept = [name for name in finished if name in bench_names]
+    if signal_name == "KILL":
+        assert run.returncode == -signal.SIGKILL and len(outcome) == len(finished)
+    else:
+        assert run.returncode == (143 if signal_name == "TERM" else 130), stderr
+        assert outcome[-1][0] == cut_at and len(outcome) == len(finished) + 1, outcome
+        assert re.fullmatch(rf"cut by {signal_name} after \d+s", outcome[-1][1]), outcome
+        assert stopped, "the stopped step still runs"
+        kept += [cut_at] if cut_at in bench_names else []
+    assert [row["run"] for row in rows] == kept
+    # each bench step's rows in parts/ as it writes them: the stopped one's too, whatever stopped it
+    started = {name for name in names[:names.index(cut_at) + 1] if name in bench_names}
+    assert {p.stem for p in (out / "parts").glob("*.json")} == started
+    assert all(json.loads((out / "parts" / f"{name}.json").read_text()) for name in started)
+
+
+def test_a_rehearsal_starts_without_an_earlier_ones_verdicts_and_seconds(tmp_path):
+    """A rehearsal into an OUT that holds an earlier one's: rehearsal.log starts empty (an old
+    FAIL would fail this run) and the seconds it measured are measured again."""
+    import signal
+
+    program = tmp_path / "steps_only.py"
+    program.write_text(_STEPS_ONLY)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{program}" "$@"\n')
+    python.chmod(0o755)
+    out, mark = tmp_path / "out", tmp_path / "cut.pid"
+    (out / "rehearsal").mkdir(parents=True)
+    (out / "rehearsal" / "cupy_s").write_text("9 9")
+    (out / "rehearsal.log").write_text("compile: FAIL an earlier run's\n")
+    run = subprocess.Popen(["bash", str(SCRIPT), "--rehearse"], env={
+        **os.environ, "OUT": str(out), "CEK_PYTHON": str(python), "CEK_CUT_AT": "doctor",
+        "CEK_CUT_MARK": str(mark)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if mark.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(mark.read_text()), signal.SIGKILL)
+    assert (out / "rehearsal.log").read_text() == ""
+    assert not (out / "rehearsal" / "cupy_s").exists()
 
 
 def _baselines(args: list[str]) -> str:
@@ -182,7 +306,8 @@ def test_the_steps_come_in_the_order_a_first_run_needs():
     compiled = [i for i, (_, _, args) in enumerate(calls) if "compile" in _baselines(args)]
     assert compiled == [len(calls) - 1] and names[-1] == calls[-1][0]
     assert _baselines(calls[-1][2]) == "torch-compile,cek-torch-compile"
-    assert _option(calls[-1][2], "--dtype") == ["f32", "bf16"]
+    # float32 alone: each function and dtype is a cold compile, and two more do not fit
+    assert _option(calls[-1][2], "--dtype") == ["f32"]
 
 
 def test_the_compile_step_covers_every_kernel_the_bench_steps_launch():
@@ -297,6 +422,65 @@ def test_the_rehearsal_fails_a_step_that_launches_a_kernel_not_compiled(tmp_path
     assert "2 NVRTC compiles x 0.50s" in log
 
 
+def test_the_compile_step_compiles_cupys_own_kernels_after_ceks(monkeypatch, capsys):
+    """After every cek kernel, the compile step runs each warm call in workers on every core,
+    so that CuPy's own kernels the calls reach are in CuPy's disk cache before the warm step,
+    which would compile them one after the other, cold, inside its timeout."""
+    compile_kernels = _compile_kernels()
+    done = []
+    monkeypatch.setattr(compile_kernels, "compile_all",
+                        lambda kernels, jobs: done.append(("cek", len(kernels), jobs)) or 0)
+    monkeypatch.setattr(compile_kernels, "warm_all",
+                        lambda calls, jobs: done.append(("cupy", calls, jobs)) or 0)
+    assert compile_kernels.main([str(SCRIPT), "--all", "--jobs", "16"]) == 0
+    calls = compile_kernels.warm_calls(SCRIPT.read_text())
+    assert done == [("cek", len(compile_kernels.every_kernel()), 16), ("cupy", calls, 16)]
+    assert len(calls) == len(_bench_calls())
+
+
+def test_a_step_modelled_over_two_thirds_of_its_timeout_fails(tmp_path, monkeypatch):
+    """The model leaves out the GPU's own work and a slower or busier CPU there: a third of
+    each timeout is kept for them."""
+    rehearse = script_module("rehearse")
+    monkeypatch.setattr(rehearse, "OUT", tmp_path)
+    monkeypatch.setenv("CEK_STEP", "cek_768")
+    monkeypatch.setenv("CEK_STEP_LIMIT", "30")
+    assert rehearse.verdict([], 19.9, "under")
+    assert not rehearse.verdict([], 20.1, "over")
+    assert (tmp_path / "rehearsal.log").read_text().splitlines() == [
+        "cek_768: OK (modelled 19.9s of 30s: under)",
+        "cek_768: FAIL modelled 20.1s on the GPU machine, over two thirds of its 30s "
+        "(modelled 20.1s of 30s: over)"]
+
+
+@pytest.mark.emulator
+def test_the_rehearsal_counts_cold_compiles_of_cupy_and_torch(tmp_path):
+    """A bench call with CuPy's baseline and torch.compile's, rehearsed with no CuPy kernel
+    compiled before: each of CuPy's kernels it reaches and its torch.compile (one function, one
+    dtype) are cold compiles in its model, at the seconds planted here as measured."""
+    pytest.importorskip("torch")
+    record = tmp_path / "rehearsal"
+    record.mkdir()
+    (record / "compiled.txt").write_text("".join(
+        f"{cls.for_n_dim(768).id}\n" for cls in (kernel_classes()["fused"],
+                                                  CosineEmbeddingLossReduce)))
+    (record / "nvrtc_s").write_text("0.1")
+    (record / "cupy_s").write_text("0.5 2.0")
+    (record / "torch_compile_s").write_text("30")
+    env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "torch_compile",
+           "CEK_STEP_LIMIT": "35", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(REHEARSE), "-m", "cek", "bench", "--n-dim", "768",
+                           "--n-rows", "65536", "--kernel", "fused", "--repeat", "100",
+                           "--baseline", "cupy,torch-compile"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "rehearsal.log").read_text()
+    assert done.returncode == 1, done.stdout + done.stderr + log
+    found = re.search(r"(\d+) of CuPy's kernels cold \((\d+) x 0.50s, (\d+) reductions x "
+                      r"2.00s\), 1 cold torch.compile x 30.0s", log)
+    assert found and int(found[1]) > 0, log
+    assert log.startswith("torch_compile: FAIL modelled ") and "over two thirds of its 35s" in log
+
+
 def test_the_rehearsal_models_the_gpu_tier_as_its_workers_run_there(tmp_path):
     """The gpu tier's -n workers each have a core of their own on the GPU machine (16 cores):
     rehearsed, the command runs with one worker, whose start and collection is the tier's start
@@ -307,6 +491,8 @@ def test_the_rehearsal_models_the_gpu_tier_as_its_workers_run_there(tmp_path):
         "def test_count():\n"
         f"    pathlib.Path({str(tmp_path / 'workers')!r}).write_text(\n"
         "        os.environ['PYTEST_XDIST_WORKER_COUNT'])\n")
+    (tmp_path / "rehearsal").mkdir()
+    (tmp_path / "rehearsal" / "references_s").write_text("20")  # as measured by an earlier step
     env = {**os.environ, "OUT": str(tmp_path), "CEK_STEP": "gpu_tests", "CEK_STEP_LIMIT": "58",
            "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(REHEARSE), "-m", "pytest", "-v", "-n", "8",
@@ -345,6 +531,45 @@ def test_the_rehearsal_runs_every_step_and_each_fits(tmp_path):
     doctor_txt = (out / "doctor.txt").read_text()
     assert "verdict" in doctor_txt and "Traceback" not in doctor_txt
     print(f"the rehearsal took {seconds:.0f}s")
+
+
+@pytest.mark.emulator
+@pytest.mark.skipif(os.environ.get("CEK_REHEARSAL") != "1",
+                    reason="the rehearsal's first steps take minutes: .ci/rehearse runs it, in a "
+                           "venv of the GPU machine's versions (CEK_REHEARSAL=1)")
+def test_the_rehearsal_stopped_by_a_term_keeps_its_finished_steps(tmp_path):
+    """`device_check.sh --rehearse` stopped by a TERM once its first bench step has ended, as
+    the GPU machine stops a command at its time limit: it ends at once, steps.log names the
+    step it stopped, and bench.json parses and holds the rows of the step that ended."""
+    import signal
+
+    out = tmp_path / "out"
+    names = [name for _, name, _, _ in _steps()]
+    first = _bench_calls()[0][0]
+    after = names[names.index(first) + 1]
+    run = subprocess.Popen(["bash", str(SCRIPT), "--rehearse"], env={
+        **os.environ, "OUT": str(out), "CEK_PYTHON": sys.executable},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 540
+        tables = out / "tables.txt"  # a bench step's heading goes there as it starts
+        while run.poll() is None and time.monotonic() < deadline and not (
+                tables.exists() and f"== {after}\n" in tables.read_text()):
+            time.sleep(0.5)
+        time.sleep(2)  # well inside the step, which runs for seconds
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    outcome = dict(line.split(": ", 1) for line in (out / "steps.log").read_text().splitlines())
+    assert run.returncode == 143, stderr
+    assert list(outcome) == names[:names.index(after) + 1], outcome
+    assert outcome[first].startswith("exit 0 after "), outcome
+    assert outcome[after].startswith("cut by TERM after "), outcome
+    rows = json.loads((out / "bench.json").read_text())
+    assert {row["run"] for row in rows} <= {first, after}
+    assert [row for row in rows if row["run"] == first], rows
 
 
 def test_ci_runs_the_rehearsal_on_the_background_core_and_fails_with_it():

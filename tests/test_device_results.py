@@ -3,6 +3,7 @@ scripts/device_results.py turns a device_check.sh output folder into benchmarks/
 table of benchmarks/README.md, on a planted folder of a first run that lost steps."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -93,6 +94,22 @@ def test_a_run_killed_before_its_summary_still_gives_its_steps(tmp_path, capsys)
     assert "unknown GPU" in readme and ": 0 rows." in readme
     assert "- no row from: cek_768" in readme
     assert "no rows from" in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_a_kill_keeps_the_rows_its_stopped_step_timed(tmp_path):
+    # bench.json was last written when cek_768 ended; cek_4096 was stopped by a KILL after its
+    # first row, which only its part holds (scripts/device_check.sh writes parts/ row by row).
+    out, into = _planted(tmp_path, [_row("cek_768")], STEPS[:3])
+    parts = out / "parts"
+    parts.mkdir()
+    (parts / "cek_768.json").write_text(json.dumps([_row("cek_768")]))
+    (parts / "cek_4096.json").write_text(json.dumps([_row("cek_4096", n_rows=8192, n_dim=4096)]))
+    for second, name in enumerate(("cek_768", "cek_4096")):  # in the order the steps ran
+        os.utime(parts / f"{name}.json", (1e9 + second, 1e9 + second))
+    assert _results().main([str(out), "--into", str(into)]) == 0
+    result = json.loads((into / "results" / "2031-05-06-nvidia-h200.json").read_text())
+    assert [(row["run"], row["n_dim"]) for row in result["rows"]] == [("cek_768", 768),
+                                                                       ("cek_4096", 4096)]
 
 
 def test_a_rehearsal_or_an_empty_folder_is_refused(tmp_path, capsys):

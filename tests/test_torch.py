@@ -388,24 +388,59 @@ def test_cuda_matches_torch(reduction, dtype):
     _close(x2.grad.cpu(), a2.grad.cpu(), tol, table)
 
 
+# Every kernel a step runs on the GPU, cek's and torch's, named as launches_per_step's counts
+# name them: cek's by kernel name, torch's fill (autograd's seed of loss.backward(), ones_like)
+# as "torch:fill", any other of torch's by its own name. A mean: the fused kernel and the
+# reduction, then the seed and the keep kernel; per-row losses ("none") with a per-row gradient:
+# the fused kernel and the keep kernel; no_grad: the forward-rows kernel and the reduction.
+LAUNCHES_PER_STEP = {
+    "mean": ["cek:cosine_embedding_loss_fused", "cek:cosine_embedding_loss_reduce", "torch:fill",
+             "cek:cosine_embedding_loss_backward_keep"],
+    "none": ["cek:cosine_embedding_loss_fused", "cek:cosine_embedding_loss_backward_keep"],
+    "no_grad": ["cek:cosine_embedding_loss_forward_rows", "cek:cosine_embedding_loss_reduce"]}
+
+
+def launches_per_step(to_device, count) -> dict[str, list[str]]:
+    """The kernels of each step of LAUNCHES_PER_STEP, by `count(step)`, which runs the step once
+    and names the kernels it ran; each step is run once before (the first step of a signature
+    compiles, checks and goes through DLPack; later ones go through the signature's plan).
+    Shared by the gpu tier (CUDA's profiler) and its CPU twin (the CuPy stand-in and the torch
+    ops dispatched, tests/test_torch_cuda_glue.py), so a mistake here fails both.
+    Each step starts as a training loop's does after optimizer.zero_grad() (set_to_none=True,
+    its default): no .grad, so autograd hands the gradients over. With the last step's .grad
+    still set, it adds into them: one more kernel (add_) for each input. The labels are float32,
+    as a float target comes: float64 ones are mapped to exact labels by torch ops on every call
+    (cek.torch._labels), kernels of their own."""
+    x1, x2, y = _inputs(n=64, d=256, dtype=torch.float32, seed=21, requires_grad=False)
+    x1, x2 = to_device(x1).requires_grad_(), to_device(x2).requires_grad_()
+    y = to_device(y.float())
+    w = to_device(torch.linspace(0.5, 2.0, 64))
+
+    def launches(step):
+        def run():
+            x1.grad = x2.grad = None
+            step()
+
+        run()
+        return count(run)
+
+    def forward_only():
+        with torch.no_grad():
+            ct.cosine_embedding_loss(x1, x2, y)
+
+    return {"mean": launches(lambda: ct.cosine_embedding_loss(x1, x2, y).backward()),
+            "none": launches(lambda: ct.cosine_embedding_loss(x1, x2, y, reduction="none")
+                             .backward(w)),
+            "no_grad": launches(forward_only)}
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_launches_per_step():
-    """Every kernel a step runs on the GPU, cek's and torch's alike, as CUDA's profiler sees
-    them (after a step that compiles and checks each signature; later launches go through each
-    signature's plan, where a count of cek.gpu.launch sees nothing). A mean: the fused kernel
-    and the reduction, then autograd's seed (ones_like: a fill, the caller's) and the keep
-    kernel; per-row losses ("none") with a per-row gradient: the fused kernel and the keep
-    kernel; no_grad: the forward-rows kernel and the reduction. tests/test_torch_cuda_glue.py
-    counts the same on the CuPy stand-in, by the ops torch dispatches."""
+    """Every kernel a step runs, as CUDA's profiler sees them: LAUNCHES_PER_STEP."""
     from torch.profiler import ProfilerActivity, profile
 
-    x1, x2, y = _inputs(n=64, d=256, dtype=torch.float32, seed=21, requires_grad=False)
-    x1, x2, y = x1.cuda().requires_grad_(), x2.cuda().requires_grad_(), y.cuda()
-    w = torch.linspace(0.5, 2.0, 64, device="cuda")
-
-    def kernels(step):
-        step()  # the first step of each signature: compiles, checks, DLPack
+    def profiled(step):
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step()
@@ -414,21 +449,7 @@ def test_cuda_launches_per_step():
         return ["cek:" + n[:-len("_entry_point")] if n.endswith("_entry_point")
                 else "torch:fill" if "fill" in n.lower() else "torch:" + n for n in names]
 
-    def mean_step():
-        ct.cosine_embedding_loss(x1, x2, y).backward()
-
-    assert kernels(mean_step) == ["cek:cosine_embedding_loss_fused",
-                                  "cek:cosine_embedding_loss_reduce", "torch:fill",
-                                  "cek:cosine_embedding_loss_backward_keep"]
-    assert kernels(lambda: ct.cosine_embedding_loss(x1, x2, y, reduction="none").backward(w)) \
-        == ["cek:cosine_embedding_loss_fused", "cek:cosine_embedding_loss_backward_keep"]
-
-    def forward_only():
-        with torch.no_grad():
-            ct.cosine_embedding_loss(x1, x2, y)
-
-    assert kernels(forward_only) == ["cek:cosine_embedding_loss_forward_rows",
-                                     "cek:cosine_embedding_loss_reduce"]
+    assert launches_per_step(lambda t: t.cuda(), profiled) == LAUNCHES_PER_STEP
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 # The gpu tier's row kernels of a step, one list for both tiers: a change fails here, without a
 # GPU. A mean or a sum adds the reduction of the per-row losses after the forward's kernel.
 from test_torch import EAGER_STEP_KERNELS, STEP_KERNELS  # noqa: E402
+from test_torch import LAUNCHES_PER_STEP, launches_per_step  # noqa: E402
 from cek import cosine_embedding_loss_split as split  # noqa: E402
 from cek import dtypes  # noqa: E402
 from cek.torch import _cuda  # noqa: E402
@@ -652,6 +653,49 @@ def test_every_launch_of_a_training_step(cuda, monkeypatch, dtype, d, path, redu
     want.backward(None if grad is None else grad.double())
     for got, ref, size in zip((c1.grad, c2.grad), (a1.grad, a2.grad), sizes):
         _close(got.detach().double(), ref, dtype, "grad", size)
+
+
+_FILLS = {"ones_like", "zeros_like", "full_like", "fill_", "zero_"}  # a fill kernel on a GPU
+
+
+class _Kernels(_TorchKernels):
+    """What CUDA's profiler would see of the steps run while it is entered, in order: cek's
+    launches on the stand-in and the torch ops that launch a kernel on a GPU, named as
+    tests/test_torch.py's profiled count names them. A launch is a call into the stand-in, not
+    an op: the launches made since the last op are taken in before each op."""
+
+    def __init__(self, cuda):
+        super().__init__()
+        self.cuda = cuda
+
+    def _take_launches(self):
+        self.ops += ["cek:" + i.split("__")[0] for i in self.cuda.ids()]
+        self.cuda.launches.clear()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._take_launches()
+        seen = len(self.ops)
+        result = super().__torch_dispatch__(func, types, args, kwargs)
+        self.ops[seen:] = ["torch:fill" if op in _FILLS else "torch:" + op
+                           for op in self.ops[seen:]]
+        return result
+
+
+def test_the_launches_per_step_of_the_gpu_tier(cuda, monkeypatch):
+    """The gpu tier's count of every kernel a step runs (test_torch.py,
+    test_cuda_launches_per_step), its very steps, counted here on the stand-in: cek's launches,
+    and the torch ops, autograd's among them, that the profiler would see as kernels. A step
+    that left .grad set for the next one would add into it here too (add_)."""
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: True)  # through the mode too
+
+    def count(step):
+        cuda.launches.clear()  # the last step's views hold its gradients: autograd would copy
+        with _device_only(cuda), _Kernels(cuda) as kernels:
+            step()
+            kernels._take_launches()
+        return kernels.ops
+
+    assert launches_per_step(lambda t: t.as_subclass(CudaLike), count) == LAUNCHES_PER_STEP
 
 
 def test_a_first_launch_under_cuda_graph_capture_is_refused_before_anything_runs(cuda,
