@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -120,3 +121,85 @@ def test_exit_codes_read_the_same_in_help_and_docs():
     for rule in ("| 0 | ok |", "| 1 | the work failed", "no device for a GPU-only command",
                  "| 2 | usage error"):
         assert rule in docs, rule
+
+
+# -- every number the README states comes from a command, and is held to it here -------------
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_the_first_screen_holds_the_table_the_example_and_the_install_lines():
+    """What a newcomer reads first (the first 40 lines): the figures, a block to copy that
+    runs, and the install line for each kind of host."""
+    first = "\n".join(_readme().splitlines()[:40])
+    assert "| N x D | cek.torch | torch eager | torch.compile" in first
+    assert "not\nmeasurements" in first or "not measurements" in first
+    assert re.search(r"```python\n(.*\n)*?\S*cek\.torch\.\w+\((.*\n)*?```", first)
+    for line in ("pip install '.[cuda12]'", "pip install '.[cuda13]'", "pip install '.[nvrtc]'"):
+        assert line in first, line
+    assert "no cek kernel has run on a GPU" in first
+
+
+def test_the_readme_table_is_what_the_model_prints():
+    """The table is scripts/step_model.py's output, unedited: a change to the kernels' bytes
+    formulas, cek.torch's launches or the model fails here until the README is regenerated
+    (`python scripts/step_model.py`)."""
+    pytest.importorskip("torch", reason="the model counts torch's own step")
+    from conftest import script_module
+
+    model = script_module("step_model")
+    text = _readme()
+    start = text.index("<!-- table: python scripts/step_model.py -->\n") + len(
+        "<!-- table: python scripts/step_model.py -->\n")
+    want = model.table(model.model())
+    assert text[start:start + len(want) + 1] == want + "\n"
+
+
+def test_the_models_prices_are_those_the_readme_names():
+    from cek import report, split_model
+
+    text = " ".join(_readme().split())
+    assert f"{split_model.LAUNCH_S * 1e6:g} µs a launch" in text
+    assert f"copy rate of {report.GPUS['h200'].copy_bytes_per_s / 1e12:g} TB/s" in text
+
+
+@pytest.mark.compile
+def test_the_occupancy_the_readme_states_is_the_reports():
+    """README, "Occupancy": registers and occupancy at D = 768 in float32 on sm_90, as
+    `cek compile --report --n-dim 768 --json` prints them."""
+    from cek.cli import main
+
+    result = CliRunner().invoke(main, ["compile", "--report", "--n-dim", "768", "--kernel",
+                                       "fused", "--kernel", "backward-keep", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["kernel"].removeprefix("cosine_embedding_loss_"): r
+            for r in json.loads(result.stdout)}
+    text = " ".join(_readme().split())
+    fused, keep, reduce = rows["fused"], rows["backward_keep"], rows["reduce"]
+    assert (f"the fused kernel uses {fused['registers']} registers a thread, "
+            f"{100 * fused['occupancy']:.0f}% of an SM's threads") in text
+    assert (f"(`backward-keep`) {keep['registers']} registers, "
+            f"{100 * keep['occupancy']:.0f}%") in text
+    assert f"one block, {reduce['registers']} registers" in text
+
+
+def test_the_widths_the_readme_states_are_the_kernels():
+    from cek import cosine_embedding_loss_split as split
+    from cek.kernel import kernel_classes
+
+    text = " ".join(_readme().split())
+    assert (f"Rows of up to 2^{split.max_n_dim('f32').bit_length() - 1} elements "
+            f"(2^{split.max_n_dim('bf16').bit_length() - 1} in 16-bit types, "
+            f"2^{split.max_n_dim('f64').bit_length() - 1} in float64)") in text
+    fused = kernel_classes()["fused"]
+    held = max(d for d in (2**k for k in range(8, 16)) if not fused.for_n_dim(d, "f32").streamed)
+    assert not fused.for_n_dim(held, "f32").streamed and fused.for_n_dim(held + 1, "f32").streamed
+    assert f"stay in registers up to {held} elements" in text
+
+
+def test_no_download_size_is_stated_without_its_source():
+    """Download sizes cannot be measured in CI: the README and the install page give none."""
+    for path in (ROOT / "README.md", ROOT / "docs" / "install.md"):
+        assert not re.search(r"\d(\.\d+)? ?[GM]B to download|takes \d", path.read_text()), path
