@@ -820,6 +820,6 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
 
 
 # `cek doctor`: what the GPU path runs with on this host, its problems and their fixes.
-from cek.doctor import doctor_command  # noqa: E402 - a command of its own module
+from cek.doctor_report import doctor_command  # noqa: E402 - a command of its own module
 
 main.add_command(doctor_command)
