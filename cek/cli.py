@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -34,8 +35,6 @@ KERNEL_NAMES = list(kernel_classes())
 DTYPE_NAMES = list(DTYPES)
 # Kernels take `int n_rows`: a larger count is refused before any memory is allocated.
 MAX_ROWS = 2**31 - 1
-# The widest row any kernel takes (the split in 16-bit types); each kernel refuses wider ones.
-MAX_N_DIM = 1 << 23
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -93,6 +92,8 @@ class Cli(click.Group):
         # invoke: a stdout that refuses them is caught here.
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:  # `cek --nope`, `cek nope`
+            raise _one_line(exc) from None
         except KeyboardInterrupt:
             raise Interrupted() from None
         except OSError as exc:
@@ -103,6 +104,8 @@ class Cli(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             result = super().invoke(ctx)
+        except click.UsageError as exc:  # an option's value, or a rule between options
+            raise _one_line(exc) from None
         except KeyboardInterrupt:  # a command's own imports (CuPy) too
             raise Interrupted() from None
         except OSError as exc:
@@ -110,7 +113,7 @@ class Cli(click.Group):
                 raise
             raise _os_error(exc) from exc
         except (ValueError, TypeError, OverflowError) as exc:  # a user's value the library refused
-            raise click.UsageError(str(exc), self._command_context(ctx)) from exc
+            raise click.UsageError(str(exc)) from exc
         except (NoDeviceError, CompileError, check.CaseError, ImportError, MemoryError) as exc:
             raise click.ClickException(_failure_message(exc)) from exc
         try:
@@ -121,30 +124,47 @@ class Cli(click.Group):
             raise _stdout_failed(exc) from exc
         return result
 
-    def _command_context(self, ctx: click.Context) -> click.Context:
-        """A context of the command that ran, for the usage line click prints above a usage
-        error: the command's own context is closed by the time its exception gets here."""
-        name = ctx.invoked_subcommand
-        command = self.get_command(ctx, name) if name else None
-        return ctx if command is None else click.Context(command, info_name=name, parent=ctx)
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    """`exc` printed as the one line `Error: ...` (exit 2): without a context click prints no
+    usage line and no help hint above it, which every command's -h gives."""
+    exc.ctx = None
+    return exc
 
 
 def _stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-class _Progress:
-    """Progress on stderr: a bar when stderr is a terminal, nothing when it is piped (a log file
-    gets no bar frames, and stdout stays data). `echo` prints a line while the bar is drawn."""
+# Off a terminal (a log file, a pipe), progress is a line this often, not a bar: a long
+# `cek check` or `cek bench` says it is alive, and a short one says nothing.
+PROGRESS_EVERY_S = 5.0
+_clock = time.monotonic
 
-    def __init__(self, bar):
-        self._bar = bar
+
+class _Progress:
+    """Progress on stderr: a bar when stderr is a terminal; otherwise a line every
+    PROGRESS_EVERY_S seconds (none for a command done sooner), so that a log file gets no bar
+    frames and stdout stays data. `echo` prints a line while the bar is drawn."""
+
+    def __init__(self, bar, total: int = 0, label: str = ""):
+        self._bar, self._total, self._label = bar, total, label
+        self._done, self._now = 0, None
+        self._start = self._said = _clock()
 
     def advance(self, steps: int = 1, now: str | None = None) -> None:
         """`steps` more done; `now`, when given, is shown beside the bar: what runs now."""
         if self._bar is not None:
             self._bar.update(steps, now)
             self._bar.render_progress()  # update draws only after a step; `now` is news too
+            return
+        self._done, self._now = self._done + steps, now or self._now
+        clock = _clock()
+        if clock - self._said >= PROGRESS_EVERY_S:
+            self._said = clock
+            click.echo(f"{self._label}: {self._done}/{self._total} done after "
+                       f"{self._said - self._start:.0f} s"
+                       + (f"; now {self._now}" if self._now else ""), err=True)
 
     def echo(self, line: str, err: bool = False) -> None:
         """`line` on stdout (stderr with err), above the bar: the bar's line is erased first
@@ -161,7 +181,7 @@ class _Progress:
 def _progress(total: int, label: str):
     """A _Progress of `total` steps, labelled `label`."""
     if not _stderr_is_terminal():
-        yield _Progress(None)
+        yield _Progress(None, total, label)
         return
     # show_pos: the count changes at every step, so the bar is drawn again after every line
     # echoed above it even when the percentage does not change.
@@ -226,11 +246,40 @@ def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: st
     return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
 
 
+class _Width(click.ParamType):
+    """--n-dim of every command: an integer of at least 1, refused in the library's words
+    (cek.kernel) whichever command is given it; too wide a row is refused later, naming the
+    kernels that refuse it (_check_widths)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx) -> int:
+        n_dim = click.INT.convert(value, param, ctx)
+        if n_dim < 1:
+            self.fail(f"n_dim must be a positive int, got {n_dim}", param, ctx)
+        return n_dim
+
+
+class _Rows(click.ParamType):
+    """--n-rows of check and compile: an integer in [1, MAX_ROWS], refused in the words of
+    bench's --n-rows (which also takes 'auto'), whichever command is given it."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx) -> int:
+        n_rows = click.INT.convert(value, param, ctx)
+        if not 1 <= n_rows <= MAX_ROWS:
+            self.fail(f"must be a positive integer below 2**31, got {n_rows}", param, ctx)
+        return n_rows
+
+
+WIDTH, ROWS = _Width(), _Rows()
+
 kernel_option = click.option(
     "--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), default="backward",
     show_default=True, help="Which kernel.",
 )
-n_dim_option = click.option("--n-dim", type=int,
+n_dim_option = click.option("--n-dim", type=WIDTH,
                             help="Row width; BLOCK_SIZE = next power of two.  [default: 768]")
 
 
@@ -279,9 +328,11 @@ def _listed_kernels() -> dict[str, type[Kernel]]:
 def list_kernels(as_json: bool) -> None:
     """List every kernel: name, id pattern, arguments, launch contract.
 
-    The last, reduce, is the mean or sum of the per-row losses of fused, forward-rows,
-    fused-split or forward-split, which cek's functions and cek.torch run after them; it is no
-    --kernel of the other commands (cek compile --report lists it beside those kernels).
+    The kernels that --kernel names come first; then, listed apart, reduce: the mean or sum
+    of the per-row losses of fused, forward-rows, fused-split or forward-split, which cek's
+    functions and cek.torch run after them. It is no --kernel of the other commands, since
+    it has no row width and nothing to check or time on its own; cek compile --report lists
+    it beside those kernels ("kernel_option": false in --json).
 
     \b
     Example:
@@ -301,14 +352,26 @@ def list_kernels(as_json: bool) -> None:
             "types": "T, A = float, float (f32); double, double (f64); cek_f16, float (f16); "
                      "cek_bf16, float (bf16)",
             "launch": cls.launch_contract,
+            "kernel_option": short in KERNEL_NAMES,
         })
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        click.echo(f"{row['kernel']}: {row['name']}")
-        for key in ("id", "block_sizes", "args", "types", "launch"):
-            click.echo(f"  {key:<12}{row[key]}")
+    apart = [row for row in rows if not row["kernel_option"]]
+    for row in [row for row in rows if row["kernel_option"]]:
+        _echo_kernel(row)
+    if apart:
+        click.echo(f"\nNot a --kernel of the other commands: {', '.join(r['kernel'] for r in apart)}"
+                   f", run after {', '.join(MEAN_KERNELS[:-1])} or {MEAN_KERNELS[-1]} for a mean "
+                   "or a sum of their per-row losses (cek compile --report lists it beside them).")
+    for row in apart:
+        _echo_kernel(row)
+
+
+def _echo_kernel(row: dict) -> None:
+    click.echo(f"{row['kernel']}: {row['name']}")
+    for key in ("id", "block_sizes", "args", "types", "launch"):
+        click.echo(f"  {key:<12}{row[key]}")
 
 
 @main.command("dump-source")
@@ -404,7 +467,7 @@ def _given(name: str) -> bool:
               help="The static report: occupancy, waves, SASS facts (default: every kernel).")
 @click.option("--gpu", type=click.Choice(["a100", "h100", "h200"]), default="h200",
               show_default=True, help="--report: the GPU whose SMs and DRAM to assume.")
-@click.option("--n-rows", type=int, default=65536, show_default=True,
+@click.option("--n-rows", type=ROWS, default=65536, show_default=True,
               help="--report: rows of the problem, for the grid and waves.")
 def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
                     out_dir, as_json, report, gpu, n_rows) -> None:
@@ -418,8 +481,6 @@ def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dty
       cek compile --report --arch sm_90 --gpu h200 --n-dim 768 --n-rows 65536
     """
     if report:
-        if n_rows < 1:
-            raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
         if out_dir is not None:
             raise click.UsageError("--out goes without --report")
     else:  # an option that changes nothing is refused, not ignored
@@ -539,10 +600,10 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
               help="auto: the GPU when there is one, else the CPU emulator (saying why).")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
               help="Kernels to check (repeatable).  [default: every kernel]")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True,
+@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True,
               help="Row widths (repeatable).  [default: "
                    f"{' '.join(map(str, check.N_DIMS))}]")
-@click.option("--n-rows", type=click.IntRange(1, MAX_ROWS), default=7, show_default=True,
+@click.option("--n-rows", type=ROWS, default=7, show_default=True,
               help="Rows per case.")
 @dtypes_option("all")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
@@ -707,7 +768,7 @@ def _bench_line(row: dict | None, static: bool = False) -> str:
 
 
 @main.command("bench")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True, required=True,
+@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True, required=True,
               help="Row width (repeatable for a sweep).")
 @click.option("--n-rows", default="65536", show_default=True, callback=_n_rows_value,
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")

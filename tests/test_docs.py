@@ -203,3 +203,30 @@ def test_no_download_size_is_stated_without_its_source():
     """Download sizes cannot be measured in CI: the README and the install page give none."""
     for path in (ROOT / "README.md", ROOT / "docs" / "install.md"):
         assert not re.search(r"\d(\.\d+)? ?[GM]B to download|takes \d", path.read_text()), path
+
+
+def test_the_progress_interval_the_cli_page_states_is_the_clis():
+    from cek import cli
+
+    text = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    assert f"a line every {cli.PROGRESS_EVERY_S:g} seconds" in text
+
+
+def test_the_test_extra_brings_what_the_tests_import():
+    """Every third-party module a test imports or skips for is in the `test` extra (or is
+    cek's own dependency, or torch and CuPy, which come by their own install lines)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {re.match(r"[\w.-]+", r)[0].lower().replace("_", "-")
+              for r in [*project["dependencies"], *project["optional-dependencies"]["test"]]}
+    module_of = {"pytest-xdist": "xdist", "cuda-bindings": "cuda", "nvidia-cuda-nvdisasm": None}
+    brought = {module_of.get(name, name) for name in wanted} | {"torch", "cupy", "cupy_backends",
+                                                                "cek"}
+    used = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        text = path.read_text()
+        used |= set(re.findall(r"importorskip\(\s*\"(\w+)", text))
+        used |= set(re.findall(r"^(?:import|from) (xdist|hypothesis|matplotlib|pytest|build)\b",
+                               text, re.M))
+    assert used - brought == set(), used - brought
