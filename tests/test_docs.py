@@ -136,7 +136,8 @@ def test_the_first_screen_holds_the_table_the_example_and_the_install_lines():
     first = "\n".join(_readme().splitlines()[:40])
     assert "| N x D | cek.torch | torch eager | torch.compile" in first
     assert "not\nmeasurements" in first or "not measurements" in first
-    assert re.search(r"```python\n(.*\n)*?\S*cek\.torch\.\w+\((.*\n)*?```", first)
+    assert re.search(r"```python\n(.*\n)*?.*cek\.torch\.patched\(\)(.*\n)*?```", first)
+    assert "cek.torch.patch()" in first  # the one line that turns it on for a whole program
     for line in ("pip install '.[cuda12]'", "pip install '.[cuda13]'", "pip install '.[nvrtc]'"):
         assert line in first, line
     assert "no cek kernel has run on a GPU" in first
@@ -230,3 +231,22 @@ def test_the_test_extra_brings_what_the_tests_import():
         used |= set(re.findall(r"^(?:import|from) (xdist|hypothesis|matplotlib|pytest|build)\b",
                                text, re.M))
     assert used - brought == set(), used - brought
+
+
+def test_the_bytes_per_step_the_readme_states_are_the_kernels_formulas():
+    """README, PyTorch: each step's N·D term is that of the bytes formulas of the kernels it
+    launches (Kernel.bytes_moved, which tests/test_traffic.py holds to what they move)."""
+    from cek.kernel import kernel_classes
+
+    kernels = {name: cls.for_n_dim(768, "f32") for name, cls in kernel_classes().items()}
+
+    def per_element(*names) -> int:  # the N·D term: the growth of the bytes with D
+        at = lambda d: sum(kernels[n].bytes_moved(64, d) for n in names)  # noqa: E731
+        return (at(768) - at(512)) // (64 * 256)
+
+    text = " ".join(_readme().split())
+    steps = {"eager, `loss.backward()` of a mean or a sum": per_element("fused"),
+             "eager, any other upstream gradient": per_element("fused", "backward-keep"),
+             "`torch.compile`d": per_element("forward-rows", "backward-rows")}
+    for step, bytes_per_element in steps.items():
+        assert f"| {step} | {bytes_per_element}·N·D + O(N) |" in text, step
