@@ -250,3 +250,74 @@ def test_the_bytes_per_step_the_readme_states_are_the_kernels_formulas():
              "`torch.compile`d": per_element("forward-rows", "backward-rows")}
     for step, bytes_per_element in steps.items():
         assert f"| {step} | {bytes_per_element}·N·D + O(N) |" in text, step
+
+
+# docs/design.md's occupancy table: the kernels of the eager step (fused, backward-keep) and of
+# the compiled one (forward-rows, backward-rows), float32 and bfloat16, at these widths.
+OCCUPANCY_KERNELS = ("fused", "backward-keep", "forward-rows", "backward-rows")
+OCCUPANCY_WIDTHS = (128, 384, 768, 1024, 4096, 8192)
+
+
+def occupancy_table() -> str:
+    """The table as `cek compile --report --n-dim D --dtype f32 --dtype bf16` gives its
+    registers and occupancy on sm_90 (cek.report.static_row, without the SASS columns, which
+    it does not need)."""
+    from cek import report, sass
+    from cek.kernel import kernel_classes
+
+    find, sass.find_nvdisasm = sass.find_nvdisasm, lambda: None
+    try:
+        lines = ["| kernel | " + " | ".join(map(str, OCCUPANCY_WIDTHS)) + " |",
+                 "|---|" + "---|" * len(OCCUPANCY_WIDTHS)]
+        for name in OCCUPANCY_KERNELS:
+            for dtype in ("f32", "bf16"):
+                cells = []
+                for width in OCCUPANCY_WIDTHS:
+                    kernel = kernel_classes()[name].for_n_dim(width, dtype)
+                    row = report.static_row(kernel, 65536, width, arch="sm_90", gpu="h200")
+                    cells.append(f"{row['registers']}/{100 * row['occupancy']:.0f}%")
+                lines.append(f"| {name} {dtype} | " + " | ".join(cells) + " |")
+    finally:
+        sass.find_nvdisasm = find
+    return "\n".join(lines)
+
+
+@pytest.mark.compile
+def test_the_design_pages_occupancy_table_is_the_reports():
+    text = (ROOT / "docs" / "design.md").read_text()
+    assert occupancy_table() + "\n" in text
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype, width, claim", [
+    ("bf16", 4096, "At D = 4096 in bfloat16 the fused kernel runs {threads} threads of "
+                   "{registers} registers, {inflight} KB in flight an SM and {issue}% of an "
+                   "H200's issue slots at the copy rate"),
+    ("f32", 128, "at D = 128 the fused kernel takes {issue}% (float)"),
+    ("bf16", 128, "and {issue}% (bfloat16) of the issue slots at the copy rate with {inflight} KB "
+                  "in flight an SM"),
+    ("bf16", 768, "where a warp a row takes {issue}%"),
+    ("bf16", 768, "and shows {inflight} KB"),
+])
+def test_the_design_pages_figures_of_the_fused_kernel_are_the_reports(dtype, width, claim):
+    """docs/design.md's current figures of the fused kernel (those a "where it took" follows
+    are history, not the code's), as `cek compile --report --kernel fused` prints them."""
+    from cek import report, sass
+    from cek.kernel import kernel_classes
+
+    if sass.find_nvdisasm() is None:
+        pytest.skip("the issue share and bytes in flight need nvdisasm (the sass extra)")
+    row = report.static_row(kernel_classes()["fused"].for_n_dim(width, dtype), 65536, width)
+    text = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    assert claim.format(threads=row["block"][0], registers=row["registers"],
+                        inflight=round(row["bytes_in_flight_per_sm"] / 1024),
+                        issue=round(100 * row["issue_share_at_copy_rate"])) in text
+
+
+def test_the_changelog_states_no_figure_of_the_kernels():
+    """A CHANGELOG entry says what changed for a user; the kernels' registers, occupancy and
+    issue shares change with every compiler and are the report's to print
+    (`cek compile --report`), not an entry's, where no test could hold them."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert not re.search(r"\b\d+ registers\b|\b\d+(-\d+)?%|\b\d+ KB\b", text), re.search(
+        r"\b\d+ registers\b|\b\d+(-\d+)?%|\b\d+ KB\b", text)
