@@ -708,7 +708,7 @@ def test_the_cli_takes_the_arch_compile_kernel_takes(arch, monkeypatch):
     # which checks it before it asks for NVRTC (stopped here, so nothing is compiled).
     import click
 
-    from cek import cli
+    from cek import cli_compile
     from cek import compile as compile_module
 
     class Accepted(Exception):
@@ -725,7 +725,7 @@ def test_the_cli_takes_the_arch_compile_kernel_takes(arch, monkeypatch):
     except ValueError:
         library_takes = False
     try:
-        cli._arch_value(None, None, arch)
+        cli_compile._arch_value(None, None, arch)
         cli_takes = True
     except click.BadParameter:
         cli_takes = False

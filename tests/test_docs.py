@@ -321,3 +321,19 @@ def test_the_changelog_states_no_figure_of_the_kernels():
     text = (ROOT / "CHANGELOG.md").read_text()
     assert not re.search(r"\b\d+ registers\b|\b\d+(-\d+)?%|\b\d+ KB\b", text), re.search(
         r"\b\d+ registers\b|\b\d+(-\d+)?%|\b\d+ KB\b", text)
+
+
+@pytest.mark.parametrize("name, kernel", [
+    ("cosine_embedding_loss_forward", "forward"), ("cosine_embedding_loss_backward", "backward"),
+    ("cosine_embedding_loss_fused", "fused")])
+def test_the_kernel_pages_bytes_are_the_kernels_formulas(name, kernel):
+    """docs/kernels.md's bytes column, a·N·D + b·N in float32, is Kernel.bytes_moved (which
+    tests/test_traffic.py holds to what the kernel moves) at a width held in registers."""
+    from cek.kernel import kernel_classes
+
+    line = next(line for line in (ROOT / "docs" / "kernels.md").read_text().splitlines()
+                if line.startswith(f"| `{name}` |"))
+    a, b = map(int, re.search(r"\| (\d+)·N·D \+ (\d+)·N[ |]", line).groups())
+    k = kernel_classes()[kernel].for_n_dim(768, "f32")
+    for n, d in ((64, 768), (1000, 513)):
+        assert k.bytes_moved(n, d) == a * n * d + b * n, (name, n, d)
