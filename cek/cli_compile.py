@@ -66,9 +66,11 @@ def list_kernels(as_json: bool) -> None:
     for row in [row for row in rows if row["kernel_option"]]:
         _echo_kernel(row)
     if apart:
-        click.echo(f"\nNot a --kernel of the other commands: {', '.join(r['kernel'] for r in apart)}"
-                   f", run after {', '.join(MEAN_KERNELS[:-1])} or {MEAN_KERNELS[-1]} for a mean "
-                   "or a sum of their per-row losses (cek compile --report lists it beside them).")
+        names = ", ".join(r["kernel"] for r in apart)
+        after = f"{', '.join(MEAN_KERNELS[:-1])} or {MEAN_KERNELS[-1]}"
+        click.echo(f"\nNot a --kernel of the other commands: {names}, run after {after} for a "
+                   "mean or a sum of their per-row losses (cek compile --report lists it beside "
+                   "them).")
     for row in apart:
         _echo_kernel(row)
 

@@ -832,7 +832,8 @@ def test_the_same_bad_width_is_the_same_one_line_in_every_command(run, args):
     result = run(*args, "--n-dim", "0")
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == "Error: Invalid value for '--n-dim': n_dim must be a positive int, got 0\n"
+    assert result.stderr == ("Error: Invalid value for '--n-dim': n_dim must be a positive int, "
+                             "got 0\n")
 
 
 @pytest.mark.parametrize("args", [["check"], ["compile", "--report"]])
