@@ -23,6 +23,22 @@ it included: torch.compile's compile time), and the static report's figures for 
 shape (`cek.report.static_row`), attached after the kernel's timings and handed over again
 then.
 
+Launches and memory. After its timings, each row's run is profiled once (torch.profiler, CPU
+and CUDA activity): "launches" counts the host's calls that launch work on the device (kernel
+launches through the runtime or the driver, CUDA-graph launches, memsets and copies:
+LAUNCH_CALLS), "kernels" the kernels, memsets and copies the device ran. A training step's row
+(PyTorch's and cek.torch's) also gives "peak_bytes", the most memory torch's allocator held at
+once during one step above what it held before it, the gradients of the step before released
+(torch.cuda.max_memory_allocated after reset_peak_memory_stats): the inputs are CuPy's, so
+they are not in it. A step replayed from a CUDA graph allocates nothing when it runs: its
+figure is the peak of the capture, the memory the graph's pool holds for it. Without torch's
+CUDA these are None.
+
+`--preset users` (PRESETS) times the training step at the shapes users of this loss run:
+sentence-embedding fine-tuning (16 to 512 rows of 256 to 2048), SimSiam and BYOL heads (64 to
+512 x 2048) and per-token distillation (10^3 to 10^4 rows of 768 to 4096), where a step moves
+about a megabyte and is bound by launches and host time, not bandwidth.
+
 All providers run on CuPy's current stream, the legacy default stream that PyTorch's default
 stream also is, so the events bracket the torch work as well.
 
@@ -65,6 +81,21 @@ FLUSH_BYTES = 256 << 20  # > L2 of every current NVIDIA GPU (H100/H200: 50 MB)
 AUTO_ELEMENTS = 5e7
 STATIC_GPUS = ("a100", "h100", "h200")  # the GPUs the static report knows
 
+# A preset: (N, D) shapes, dtypes, kernels and baselines, for `cek bench --preset NAME`.
+PRESETS = {
+    "users": {
+        "shapes": ((16, 768), (64, 768), (128, 1024), (512, 2048), (4096, 768), (8192, 4096)),
+        "dtypes": ("f32", "bf16"),
+        "kernels": ("fused",),
+        "baselines": ("torch", "torch-compile", "cek-torch", "cek-torch-compile",
+                      "cek-torch-graph"),
+    },
+}
+# The calls of the CUDA runtime and driver that launch work, as torch.profiler names them.
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                          "cuLaunchKernelEx", "cudaGraphLaunch", "cudaMemsetAsync",
+                          "cudaMemcpyAsync"})
+
 # PyTorch on float16/bfloat16 tensors rounds every intermediate to the storage type (the three
 # sums, their product, the cosine, each gradient term) where the kernel and the CuPy baseline,
 # computing in float32, round once. On 2^21 elements of the sweep's widths, CPU PyTorch in
@@ -101,6 +132,9 @@ class BenchRow:
     gpu: str
     versions: dict
     timestamp: str
+    launches: int | None = None  # host calls that launch device work, one run (LAUNCH_CALLS)
+    kernels: int | None = None  # kernels, memsets and copies the device ran, one run
+    peak_bytes: int | None = None  # a training step's peak allocation above what it starts with
 
 
 def auto_rows(n_dim: int) -> int:
@@ -432,6 +466,8 @@ def _torch_provider(torch, bench: Bench, kind: str, margin: float, compiled: boo
             loss.backward()
             result.update({"dx1": x1.grad, "dx2": x2.grad})
 
+        run.leaves = (x1, x2)  # a step: its memory is measured (step_peak_bytes)
+
     return run, lambda: {k: _torch_host(torch, k, v, bench.check_rows) for k, v in result.items()}
 
 
@@ -461,6 +497,7 @@ def _cek_torch_provider(torch, bench: Bench, margin: float, mode: str):
                           if loss.dtype == torch.bfloat16 else loss.numpy())
         return got
 
+    step.leaves = (x1, x2)  # a step: its memory is measured (step_peak_bytes)
     return (_graphed(torch, step) if mode == "graph" else step), outputs
 
 
@@ -475,9 +512,79 @@ def _graphed(torch, step):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    start = _step_start(torch, step.leaves)
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+
+    replay.peak_bytes = _peak_since(torch, start)  # what the graph's pool holds for the step
+    return replay
+
+
+def count_launches(events) -> tuple[int, int]:
+    """(launches, kernels) among torch.profiler's events of one run: the host's calls of
+    LAUNCH_CALLS, and the device's kernels, memsets and copies (its CUDA events)."""
+    from torch.autograd import DeviceType
+
+    launches = sum(event.name in LAUNCH_CALLS for event in events)
+    kernels = sum(event.device_type == DeviceType.CUDA for event in events)
+    return launches, kernels
+
+
+def step_counts(torch, run) -> tuple[int, int]:
+    """count_launches of one run(), profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return count_launches(prof.events())
+
+
+def _step_start(torch, leaves) -> int:
+    """Before a step: the gradients of the step before released (the step releases them
+    first), the peak statistic reset; the bytes torch's allocator holds now."""
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _peak_since(torch, start: int) -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - start
+
+
+def step_peak_bytes(torch, run) -> int | None:
+    """The most a training step's run() holds at once above what is held before it (its
+    leaves' gradients released first); a CUDA graph's replay: its capture's figure; None for
+    a run that is not a step."""
+    if hasattr(run, "peak_bytes"):
+        return run.peak_bytes
+    if not hasattr(run, "leaves"):
+        return None
+    start = _step_start(torch, run.leaves)
+    run()
+    return _peak_since(torch, start)
+
+
+def measure(run, warn) -> dict:
+    """launches, kernels and peak_bytes of a timed run (BenchRow's fields): all None without
+    torch's CUDA, or where measuring fails (said through `warn`: the timing stands)."""
+    torch = _torch_or_none()
+    if torch is None or not torch.cuda.is_available():
+        return {}
+    try:
+        launches, kernels = step_counts(torch, run)
+        return {"launches": launches, "kernels": kernels,
+                "peak_bytes": step_peak_bytes(torch, run)}
+    except Exception as exc:  # noqa: BLE001 - reported; the timing goes on without them
+        _say_once(f"no launch count or memory: {type(exc).__name__}: {exc}", warn)
+        return {}
 
 
 def expected(kernel: Kernel, bench: Bench, margin: float,
@@ -655,7 +762,7 @@ def run_bench(kernel_names: list[str], n_rows: int, n_dim: int, providers: list[
             gbs = gb_per_s(bytes_moved(kernel, reduction, n_rows, n_dim), median)
             timed.append(BenchRow(short, provider, dtype, n_rows, n_dim, reduction, median, p20,
                                   p80, gbs, 100 * gbs / copy_gbs, speedup, copy_gbs, first_s,
-                                  None, name, vers, stamp))
+                                  None, name, vers, stamp, **measure(run, warn)))
             on_row(timed[-1])
         if timed:
             static = static_figures(kernel, n_rows, n_dim, arch, static_gpu, warn)

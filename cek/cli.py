@@ -25,7 +25,7 @@ import click
 import cek
 from cek import check
 from cek.cli_common import (DTYPE_NAMES, KERNEL_NAMES, MAX_ROWS, ROWS, WIDTH,  # noqa: F401
-                            _check_widths, _chosen, _table, dtypes_option)
+                            _check_widths, _chosen, _given, _table, dtypes_option)
 from cek.compile import CompileError
 from cek.gpu import NoDeviceError
 
@@ -328,11 +328,14 @@ def _margin_value(ctx, param, value: float) -> float:
 # The bench table, in fixed columns so that each row can be printed the moment it is timed.
 # The static columns are those of `cek compile --report`, for the kernel and shape: they come
 # after the kernel's timings, on a line of their own, "(static)" in the provider column.
+# launches, kernels and peak_mem (a training step's peak allocation above what it starts with)
+# are "-" where they were not measured (no torch with CUDA, or not a step's memory).
 BENCH_COLUMNS = [("kernel", 13), ("provider", 17), ("dtype", 5), ("reduction", 9), ("shape", 12),
                  ("median_ms", 9),
                  ("p20_ms", 9), ("p80_ms", 9), ("gb_per_s", 8), ("pct_of_copy", 11),
-                 ("cek_speedup", 11), ("first_s", 7), ("rounds", 6), ("occ%", 4),
-                 ("inflight/SM", 11), ("need/SM", 7)]
+                 ("cek_speedup", 11), ("first_s", 7), ("launches", 8), ("kernels", 7),
+                 ("peak_mem", 8), ("rounds", 6), ("occ%", 4), ("inflight/SM", 11),
+                 ("need/SM", 7)]
 STATIC_PROVIDER = "(static)"
 
 
@@ -353,6 +356,18 @@ def _static_cells(static) -> list[str]:
             *("-" if b is None else f"{b / 1024:.0f}K" for b in kib)]
 
 
+def _bytes_cell(n_bytes) -> str:
+    """Bytes in at most four digits and a unit (1024 a step: K, M, G), "-" for None."""
+    if n_bytes is None:
+        return "-"
+    value, unit = float(n_bytes), ""
+    for unit in ("", "K", "M", "G"):
+        if abs(value) < 1024 or unit == "G":
+            break
+        value /= 1024
+    return f"{value:.0f}{unit}" if unit == "" or value >= 100 else f"{value:.1f}{unit}"
+
+
 def _bench_line(row: dict | None, static: bool = False) -> str:
     """The header (row None); a measured row as timed; or, with static, the static line of the
     row's kernel and shape."""
@@ -360,19 +375,49 @@ def _bench_line(row: dict | None, static: bool = False) -> str:
     if row is None:
         cells = [name for name, _ in BENCH_COLUMNS]
     elif static:
-        cells = [row["kernel"], STATIC_PROVIDER, row["dtype"], "", shape, *[""] * 7,
+        cells = [row["kernel"], STATIC_PROVIDER, row["dtype"], "", shape, *[""] * 10,
                  *_static_cells(row["static"])]
     else:
         speedup = row["speedup_of_cek"]
         cells = [row["kernel"], row["provider"], row["dtype"], row["reduction"], shape,
                  *(f"{row[k]:.4f}" for k in ("median_ms", "p20_ms", "p80_ms")),
                  f"{row['gb_per_s']:.0f}", f"{row['pct_of_copy']:.1f}",
-                 "" if speedup is None else f"{speedup:.2f}x", f"{row['first_call_s']:.1f}"]
+                 "" if speedup is None else f"{speedup:.2f}x", f"{row['first_call_s']:.1f}",
+                 *("-" if row.get(k) is None else str(row[k]) for k in ("launches", "kernels")),
+                 _bytes_cell(row.get("peak_bytes"))]
     return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, BENCH_COLUMNS)).rstrip()
 
 
+def _preset_value(ctx, param, value: str | None) -> dict | None:
+    from cek.bench import PRESETS
+
+    if value is None:
+        return None
+    if value not in PRESETS:
+        raise click.BadParameter(f"unknown preset {value!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[value]
+
+
+def _bench_shapes(preset, n_dims, n_rows) -> list[tuple[int, int]]:
+    """(N, D) of every shape to time: the preset's, or each --n-dim at --n-rows. A preset
+    names its shapes and kernels: --n-dim, --n-rows or --kernel beside it is a usage error."""
+    from cek import bench
+
+    if preset is not None:
+        options = {"n_dims": "--n-dim", "n_rows": "--n-rows", "kernel_names": "--kernel"}
+        given = [option for name, option in options.items() if _given(name)]
+        if given:
+            raise click.UsageError(f"--preset names its shapes and kernels: leave out "
+                                   f"{', '.join(given)}")
+        return list(preset["shapes"])
+    if not n_dims:
+        raise click.UsageError("give --n-dim (repeatable) or --preset")
+    widths = list(dict.fromkeys(n_dims))  # a width given twice runs once
+    return [(bench.auto_rows(d) if n_rows == "auto" else n_rows, d) for d in widths]
+
+
 @main.command("bench")
-@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True, required=True,
+@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True,
               help="Row width (repeatable for a sweep).")
 @click.option("--n-rows", default="65536", show_default=True, callback=_n_rows_value,
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")
@@ -393,8 +438,12 @@ def _bench_line(row: dict | None, static: bool = False) -> str:
               help="Write the rows as a JSON array here, rewritten after every row.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a PNG of GB/s against D per provider (needs matplotlib).")
+@click.option("--preset", callback=_preset_value, metavar="users",
+              help="Time a preset's shapes: 'users', the training step at the shapes users "
+                   "run (16x768 to 8192x4096), float32 and bfloat16, against torch eager and "
+                   "torch.compile; --dtype and --baseline still choose.")
 def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, margin, as_json,
-                  json_file, plot_file) -> None:
+                  json_file, plot_file, preset) -> None:
     """Time kernels against plain CuPy, PyTorch eager and torch.compile on the GPU.
 
     Each provider is checked against the float64 reference first; a wrong one is not timed.
@@ -412,13 +461,18 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
       cek bench --n-dim 768
       cek bench --n-dim 128 --n-dim 768 --n-dim 4096 --n-rows auto --kernel all --json-file out.json
       cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch --json
+      cek bench --preset users --json-file users.json
     """
     from cek import bench, gpu
 
+    shapes = _bench_shapes(preset, n_dims, n_rows)
+    if preset is not None:
+        kernel_names = preset["kernels"]
+        dtype_names = dtype_names if _given("dtype_names") else preset["dtypes"]
+        baselines = baselines if _given("baselines") else list(preset["baselines"])
     kernels = _chosen(kernel_names, KERNEL_NAMES)
     dtype_names = _chosen(dtype_names, DTYPE_NAMES)
-    widths = list(dict.fromkeys(n_dims))  # a width given twice runs once
-    _check_widths(kernels, dtype_names, widths)
+    _check_widths(kernels, dtype_names, list(dict.fromkeys(d for _, d in shapes)))
     _check_writable(json_file, "--json-file")
     _check_writable(plot_file, "--plot")
     if plot_file is not None and importlib.util.find_spec("matplotlib") is None:
@@ -456,11 +510,10 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
         elif shown[0]["static"] is not None:
             progress.echo(_bench_line(shown[0], static=True))
 
-    total = len(dtype_names) * len(widths) * len(kernels) * len(providers)
+    total = len(dtype_names) * len(shapes) * len(kernels) * len(providers)
     with _progress(total, "timing") as progress:
         for dtype in dtype_names:
-            for n_dim in widths:
-                count = bench.auto_rows(n_dim) if n_rows == "auto" else n_rows
+            for count, n_dim in shapes:
                 _, bad = bench.run_bench(
                     kernels, count, n_dim, providers, repeat, margin, dtype=dtype,
                     log=lambda message: progress.advance(0, message), on_row=on_row,

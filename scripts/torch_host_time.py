@@ -1,21 +1,22 @@
 """Host time of one cek.torch training step on the CUDA path, against torch's own eager step of
 this loss, on tiny CPU tensors, in one run.
 
-    python scripts/torch_host_time.py [--repeats 30] [--steps 50] [--profile]
+    python scripts/torch_host_time.py [--shape 4x8 ...] [--repeats 30] [--steps 50] [--profile]
 
-A step is `loss_fn(x1, x2, y, margin=0.1).backward()` on 4 x 8 float32 inputs that require grad.
-torch's step is F.cosine_embedding_loss on CPU tensors: its ~50 small ops are nearly all host
-time. cek's step runs everything a CUDA step runs on the host (the public function and its
-checks, the eager autograd.Function, labels and upstream gradient, the launch plans with the
-tensors' pointers, cek.gpu.launch, the device and stream glue) on CPU tensors that answer
-is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the call of the
-compiled kernel does nothing. The untimed first step is the one that checks each signature in
-full (DLPack views, cek.gpu.launch's checks); the timed ones are a training loop's. The
-subclass that answers is_cuda costs torch a lookup on each op on it that a CUDA tensor does
-not (with x2 and the labels plain, a step took about 2.5 us less on the 2-core CPU
-development machine): the figure errs on cek's side. Repetitions interleave the two and
-each keeps its best, so a busy machine slows both alike. `--profile` prints cProfile's view
-of cek's steps instead.
+A step is `loss_fn(x1, x2, y, margin=0.1).backward()` on N x D float32 inputs that require grad
+(4 x 8 unless --shape says otherwise; repeatable). torch's step is F.cosine_embedding_loss on CPU
+tensors: at 4 x 8 its ~50 small ops are nearly all host time; on wider inputs its arithmetic on the
+CPU counts too, which on a GPU would not be host time. cek's step allocates its N x D buffers from
+the CPU's allocator, not from CUDA's caching one. cek's step runs everything a CUDA step runs on the
+host (the public function and its checks, the eager autograd.Function, labels and upstream gradient,
+the launch plans with the tensors' pointers, cek.gpu.launch, the device and stream glue) on CPU
+tensors that answer is_cuda, with the CuPy stand-in (tests/fake_cupy.py) in place of CuPy; only the
+call of the compiled kernel does nothing. The untimed first step is the one that checks each
+signature in full (DLPack views, cek.gpu.launch's checks); the timed ones are a training loop's. The
+subclass that answers is_cuda costs torch a lookup on each op on it that a CUDA tensor does not
+(with x2 and the labels plain, a step took about 2.5 us less on the 2-core CPU development machine):
+the figure errs on cek's side. Repetitions interleave the two and each keeps its best, so a busy
+machine slows both alike. `--profile` prints cProfile's view of cek's steps instead.
 """
 
 import argparse
@@ -84,10 +85,13 @@ def cuda_path():
 _REAL_GET_FUNCTION = gpu.get_function
 
 
-def inputs(cuda):
+def inputs(cuda, shape=(N, D)):
+    """x1, x2 and labels of +-1 of `shape`: CudaLike for cek's CUDA path (`cuda`), else plain
+    CPU tensors."""
+    n, d = shape
     g = torch.Generator().manual_seed(0)
-    x1, x2 = torch.randn(N, D, generator=g), torch.randn(N, D, generator=g)
-    y = torch.tensor([1.0, -1.0] * (N // 2))
+    x1, x2 = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    y = torch.tensor([1.0, -1.0] * (n // 2) + [1.0] * (n % 2))
     if cuda:
         x1, x2, y = (t.as_subclass(CudaLike) for t in (x1, x2, y))
     return x1.requires_grad_(), x2.requires_grad_(), y
@@ -100,17 +104,17 @@ def step_fn(loss_fn, x1, x2, y):
     return step
 
 
-def measure(repeats=30, steps=50):
-    """(cek's best seconds per step, torch's, kernel launches per cek step). Many short
-    interleaved runs: on a busy machine the best of them is the one least disturbed."""
+def measure(repeats=30, steps=50, shape=(N, D)):
+    """(cek's best seconds per step, torch's, kernel launches per cek step) at `shape`. Many
+    short interleaved runs: on a busy machine the best of them is the one least disturbed."""
     with cuda_path() as compiled:
-        cek_step = step_fn(ct.cosine_embedding_loss, *inputs(cuda=True))
-        torch_step = step_fn(F.cosine_embedding_loss, *inputs(cuda=False))
+        cek_step = step_fn(ct.cosine_embedding_loss, *inputs(True, shape))
+        steps_timed = [cek_step, step_fn(F.cosine_embedding_loss, *inputs(False, shape))]
         cek_step()
         launches_per_step, compiled.launches = compiled.launches, 0
-        best = [float("inf")] * 2
+        best = [float("inf")] * len(steps_timed)
         for _ in range(repeats):
-            for i, step in enumerate((cek_step, torch_step)):
+            for i, step in enumerate(steps_timed):
                 step()  # warm
                 start = time.perf_counter()
                 for _ in range(steps):
@@ -138,15 +142,30 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--shape", action="append", type=_shape, metavar="NxD",
+                        help="inputs' shape (repeatable; 4x8 by default)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     if args.profile:
         profile()
         return
-    cek_s, torch_s, launches = measure(args.repeats, args.steps)
-    print(f"cek.torch CUDA-path step (kernel stubbed): {cek_s * 1e6:.0f} us, {launches} launches")
-    print(f"torch eager forward + backward:            {torch_s * 1e6:.0f} us")
-    print(f"ratio cek / torch:                         {cek_s / torch_s:.2f}")
+    for shape in args.shape or [(N, D)]:
+        cek_s, torch_s, launches = measure(args.repeats, args.steps, shape)
+        print(f"{shape[0]}x{shape[1]}")
+        print(f"cek.torch CUDA-path step (kernel stubbed): {cek_s * 1e6:.0f} us, {launches} "
+              f"launches")
+        print(f"torch eager forward + backward:            {torch_s * 1e6:.0f} us")
+        print(f"ratio cek / torch:                         {cek_s / torch_s:.2f}")
+
+
+def _shape(text):
+    try:
+        n, d = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is NxD, two positive integers: got {text!r}")
+    if n < 1 or d < 1:
+        raise argparse.ArgumentTypeError(f"a shape is NxD, two positive integers: got {text!r}")
+    return n, d
 
 
 if __name__ == "__main__":

@@ -400,6 +400,7 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
     assert table[0].split() == ["kernel", "provider", "dtype", "reduction", "shape", "median_ms",
                                 "p20_ms",
                                 "p80_ms", "gb_per_s", "pct_of_copy", "cek_speedup", "first_s",
+                                "launches", "kernels", "peak_mem",
                                 "rounds", "occ%", "inflight/SM", "need/SM"]
     # Each kernel's rows as timed, then its static line, after its timings.
     assert [line.split()[:3] for line in table[1:]] == [
@@ -407,9 +408,14 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
         for p in [p for k2, p, _ in timed_rows() if k2 == k] + ["(static)"]]
     # fused bf16 as a mean (PyTorch's training step): 4*2*64*8 + 3*4*64 bytes (y read, the loss
     # and the labels' copy written), and the mean's 4*64 + 2, over a copy of 2*2*64*8*2: 125.0%
-    # (the per-row arrays count at this size). The last column is a wall-clock time.
+    # (the per-row arrays count at this size). Then a wall-clock time, and no launch count or
+    # memory: the stand-in's torch has no CUDA.
     assert ["fused", "torch", "bf16", "mean", "64x8", "0.3000", "0.1800", "0.4200", "0", "125.0",
-            "1.00x"] in [line.split()[:-1] for line in table]
+            "1.00x"] in [line.split()[:11] for line in table]
+    start, end = table[0].index("launches"), table[0].index("rounds")  # their columns
+    assert all(line[start:end].split() == ["-", "-", "-"] for line in table[1:]
+               if "(static)" not in line)
+    assert all(r["launches"] is r["kernels"] is r["peak_bytes"] is None for r in rows)
     # cek's fused rows alone and as a mean read apart, as in the JSON.
     assert [line.split()[:4] for line in table[1:] if "(static)" not in line] == [
         [r["kernel"], r["provider"], r["dtype"], r["reduction"]] for r in rows]
@@ -691,3 +697,150 @@ def test_the_training_step_through_cek_torch_is_timed_and_judged(standin, monkey
     assert [r.provider for r in rows] == ["cek", "cek"]
     assert len(failures) == 1 and failures[0].startswith(
         "cosine_embedding_loss_fused__f32__8 cek-torch 64x8 mean: wrong result: ")
+
+
+def test_the_users_preset_times_the_step_at_the_users_shapes(monkeypatch):
+    """--preset users: the fused kernel's training step at the six shapes, float32 and bfloat16,
+    beside torch eager and torch.compile, through cek.torch eager, compiled and from a CUDA
+    graph; --dtype and --baseline still choose."""
+    import torch
+
+    from cek import gpu
+
+    calls = []
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, dtype, **callbacks):
+        calls.append((tuple(kernels), n_rows, n_dim, tuple(providers), dtype))
+        return [], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA graphs: cek-torch-graph
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    result = CliRunner().invoke(main, ["bench", "--preset", "users"])
+    assert result.exit_code == 0, result.output
+    shapes = [(16, 768), (64, 768), (128, 1024), (512, 2048), (4096, 768), (8192, 4096)]
+    providers = ("cek", "torch", "torch-compile", "cek-torch", "cek-torch-graph",
+                 "cek-torch-compile")
+    assert calls == [(("fused",), n, d, providers, t) for t in ("f32", "bf16") for n, d in shapes]
+    # every provider but cek's raw kernel times the step: the mean and its backward
+    fused = kernel_classes()["fused"]
+    assert all(bench.reductions(fused.for_n_dim(d, t), p, n, d) == ("mean",)
+               for _, n, d, _, t in calls for p in providers[1:])
+    calls.clear()
+    result = CliRunner().invoke(main, ["bench", "--preset", "users", "--dtype", "bf16",
+                                       "--baseline", "torch,cek-torch"])
+    assert result.exit_code == 0, result.output
+    assert calls == [(("fused",), n, d, ("cek", "torch", "cek-torch"), "bf16") for n, d in shapes]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "users", "--n-dim", "8"], "--preset names its shapes and kernels: leave out "
+                                            "--n-dim"),
+    (["--preset", "users", "--n-rows", "8", "--kernel", "forward"],
+     "--preset names its shapes and kernels: leave out --n-rows, --kernel"),
+    ([], "give --n-dim (repeatable) or --preset"),
+    (["--preset", "everyone"], "Invalid value for '--preset': unknown preset 'everyone'; choose "
+                               "from users"),
+])
+def test_bench_preset_usage_errors(monkeypatch, args, message):
+    from cek import gpu
+
+    monkeypatch.setattr(gpu, "device_count", lambda: pytest.fail("asked for a device"))
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code == 2
+    assert _error_line(result) == f"Error: {message}"
+
+
+class _Event:
+    def __init__(self, name, device_type):
+        self.name, self.device_type = name, device_type
+
+
+def test_launches_are_counted_from_the_profilers_events():
+    torch = pytest.importorskip("torch")
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [_Event("aten::mul", cpu), _Event("cudaLaunchKernel", cpu), _Event("mul_kernel", cuda),
+              _Event("cuLaunchKernel", cpu), _Event("cek_fused", cuda),
+              _Event("cudaGraphLaunch", cpu), _Event("cudaMemsetAsync", cpu),
+              _Event("Memset (Device)", cuda), _Event("cudaStreamSynchronize", cpu)]
+    assert bench.count_launches(events) == (4, 3)
+
+
+def _fake_cuda(monkeypatch, torch, held: dict):
+    """torch.cuda's memory statistics as a fake allocator keeps them: held["now"] bytes now,
+    held["peak"] the most since the last reset."""
+    def reset():
+        held["peak"] = held["now"]
+
+    for name, value in (("synchronize", lambda: None), ("reset_peak_memory_stats", reset),
+                        ("memory_allocated", lambda: held["now"]),
+                        ("max_memory_allocated", lambda: held["peak"]),
+                        ("is_available", lambda: True)):
+        monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_a_steps_peak_is_above_what_it_starts_with(monkeypatch):
+    """The gradients of the step before are released before the count starts (the step itself
+    releases them first: counted, they would hide that much of its peak); a graph's replay
+    gives its capture's figure; a run that is not a step none."""
+    torch = pytest.importorskip("torch")
+    held = {"now": 5000, "peak": 0}
+    _fake_cuda(monkeypatch, torch, held)
+    x1, x2 = torch.ones(2, 3, requires_grad=True), torch.ones(2, 3, requires_grad=True)
+    x1.grad, x2.grad = torch.ones(2, 3), torch.ones(2, 3)
+
+    def step():
+        held["peak"] = max(held["peak"], held["now"] + 700)  # 700 bytes at its peak
+        held["now"] += 96  # and 96 of them kept
+
+    step.leaves = (x1, x2)
+    seen = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated",
+                        lambda: seen.append((x1.grad, x2.grad)) or held["now"])
+    assert bench.step_peak_bytes(torch, step) == 700
+    assert seen == [(None, None)]
+
+    def replay():
+        pass
+
+    replay.peak_bytes = 123
+    assert bench.step_peak_bytes(torch, replay) == 123
+    assert bench.step_peak_bytes(torch, lambda: None) is None
+
+
+@pytest.mark.emulator
+def test_launches_and_memory_reach_the_json_and_the_table(standin, monkeypatch, tmp_path):
+    """Where torch has CUDA, each row carries its run's launches and kernels and a step's peak
+    memory, in the JSON and in the table. Here the profiler's count is the stand-in's launches
+    during one run, and the allocator a fake one whose step peaks 12345 bytes above its start:
+    cek's raw rows (CuPy's memory, not torch's) have no peak."""
+    import torch
+
+    held = {"now": 0, "peak": 0}
+    _fake_cuda(monkeypatch, torch, held)
+    # whatever runs after a reset peaks 12345 bytes above what was held at the reset
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda: held.update(peak=held["now"] + 12345))
+    monkeypatch.setattr(bench, "present", lambda wanted: ["cek", "torch", "cek-torch"])
+
+    def step_counts(torch, run):
+        before = len(standin.launches)
+        run()
+        return len(standin.launches) - before, 2 * (len(standin.launches) - before)
+
+    monkeypatch.setattr(bench, "step_counts", step_counts)
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--n-dim", "8", "--n-rows", "64", "--kernel",
+                                       "fused", "--baseline", "torch,cek-torch", "--repeat", "50",
+                                       "--json-file", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    # cek's fused kernel alone: one launch; as a mean: the reduction after it; the steps on CPU
+    # tensors launch nothing on the stand-in (torch's and cek.torch's CPU path)
+    assert [(r["provider"], r["reduction"], r["launches"], r["kernels"], r["peak_bytes"])
+            for r in rows] == [("cek", "none", 1, 2, None), ("cek", "mean", 2, 4, None),
+                               ("torch", "mean", 0, 0, 12345), ("cek-torch", "mean", 0, 0, 12345)]
+    table = [line for line in result.stdout.splitlines() if "(static)" not in line]
+    start, end = table[0].index("launches"), table[0].index("rounds")  # their columns
+    assert [line[start:end].split() for line in table[1:]] == [
+        ["1", "2", "-"], ["2", "4", "-"], ["0", "0", "12.1K"], ["0", "0", "12.1K"]]

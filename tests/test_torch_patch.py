@@ -8,6 +8,7 @@ and errors; a call cek refuses is run by torch's own function, so its error is t
 letter, and where torch takes what cek refuses, the result is torch's.
 """
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 import cek.torch as ct  # noqa: E402
 import test_torch_error_inputs as errors  # noqa: E402
 import test_torch_suite as suite  # noqa: E402
+from cek import gpu  # noqa: E402
 from cek.torch import _patch  # noqa: E402
 
 TORCH_FUNCTION = F.cosine_embedding_loss  # as imported, before any patch
@@ -113,6 +115,44 @@ def test_module_inputs_through_the_patched_module(served, device, dtype):
         theirs = _unpatched(lambda: _step(lambda *a: module(*a), x1, x2, target, {}))
         _same(ours, theirs, dtype)
     assert len(served) == len(samples)
+
+
+@pytest.mark.parametrize("device", suite.DEVICES)
+def test_mixed_dtypes_through_the_patched_function(served, device):
+    """test_nn.py's test_cosine_embedding_loss_with_diff_type: every real dtype of input1,
+    input2 and target gives torch's result dtype, and the float64 result to 1e-3."""
+    input1 = torch.tensor([[2, 3, 4], [6, 2, 4]], dtype=torch.double, device=device)
+    input2 = torch.tensor([[2, 3, 5], [3, 2, 1]], dtype=torch.double, device=device)
+    target = torch.tensor([1, -1], dtype=torch.int, device=device)
+    expected = TORCH_FUNCTION(input1, input2, target)
+    for dt1, dt2, dt3 in itertools.product(suite.REAL_DTYPES, suite.REAL_DTYPES,
+                                           suite.REAL_DTYPES[1:]):
+        a, b, t = input1.to(dt1), input2.to(dt2), target.to(dt3)
+        ours = F.cosine_embedding_loss(a, b, t)
+        assert ours.dtype == TORCH_FUNCTION(a, b, t).dtype, (dt1, dt2, dt3)
+        assert abs(ours.item() - expected.item()) <= 1e-3, (dt1, dt2, dt3)
+    assert len(served) == len(suite.REAL_DTYPES) ** 2 * (len(suite.REAL_DTYPES) - 1)
+
+
+@pytest.mark.parametrize("device", suite.DEVICES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_no_batch_dim_through_the_patched_module(served, device, reduction):
+    """common_nn.py's CosineEmbeddingLoss_no_batch_dim entries: a (9,) row against torch's
+    module on the row batched as (1, 9), with gradcheck and gradgradcheck."""
+    gen = torch.Generator().manual_seed(3)
+    x1, x2 = (torch.randn(9, dtype=torch.double, generator=gen).to(device).requires_grad_()
+              for _ in range(2))
+    target = torch.tensor(1, dtype=torch.double, device=device)
+    module = torch.nn.CosineEmbeddingLoss(reduction=reduction)
+    ours = module(x1, x2, target)
+    batched = _unpatched(lambda: module(x1.unsqueeze(0), x2.unsqueeze(0), target.unsqueeze(0)))
+    theirs = batched.squeeze(0) if reduction == "none" else batched
+    assert ours.shape == theirs.shape == () and ours.dtype == torch.double
+    rtol, atol = suite.TOLERANCES[torch.double]
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+    assert torch.autograd.gradcheck(lambda a, b: module(a, b, target), (x1, x2))
+    assert torch.autograd.gradgradcheck(lambda a, b: module(a, b, target), (x1, x2))
+    assert len(served) >= 1
 
 
 def _outcome(call):
@@ -258,3 +298,20 @@ def test_compiled_with_aot_eager_has_no_graph_break(served):
     fn(x1, x2, y).backward()
     assert counter.frame_count == 1
     assert x1.grad is not None and x2.grad is not None
+
+
+@pytest.mark.parametrize("error", [
+    lambda: gpu.NoDeviceError("no CUDA device found"),
+    lambda: gpu.CaptureError("warm up first"),
+    lambda: torch.OutOfMemoryError("out of memory"),
+])
+def test_cek_failing_where_it_runs_is_not_hidden_behind_torch(served, monkeypatch, error):
+    """No CuPy or device, a first launch under CUDA-graph capture, the memory exhausted: cek's
+    error, raised. Handed to torch's function, a caller who patched cek in would run (or
+    capture) torch's loss without a word."""
+    def failing(*args, **kwargs):
+        raise error()
+
+    monkeypatch.setattr(ct, "cosine_embedding_loss", failing)
+    with pytest.raises(type(error())):
+        F.cosine_embedding_loss(torch.randn(4, 3), torch.randn(4, 3), torch.ones(4))

@@ -13,11 +13,14 @@ an outer patched() or after a patch(), its exit does not unpatch.
 
 What cek does not serve runs torch's own function, so the result or the error is torch's:
 inputs that are not plain tensors of a CPU or CUDA device (tensor subclasses and modes that
-override torch functions, which torch's function hands on to them), and any call cek raises
-for. cek checks everything before it starts any work (cek.torch), so a call it refuses has
-done nothing, and torch's function then runs it afresh: torch's error for what torch refuses
-too, torch's result for what it takes and cek does not (widths of which one is 1, a CUDA
-tensor as the margin, more than cek's GPU kernels take).
+override torch functions, which torch's function hands on to them), and any call cek refuses.
+cek checks everything before it starts any work (cek.torch), so a call it refuses has done
+nothing, and torch's function then runs it afresh: torch's error for what torch refuses too,
+torch's result for what it takes and cek does not (widths of which one is 1, a CUDA tensor as
+the margin, more than cek's GPU kernels take). cek's errors about where it runs are raised as
+they are (_OWN): no CuPy or no device, a kernel that does not compile, a first launch under
+CUDA-graph capture, the device's memory exhausted. Handed to torch, they would leave a caller
+who patched cek in running torch's loss without a word, or capturing it in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ import torch
 import torch.nn.functional as F
 
 import cek.torch as ct
+from cek import gpu
+from cek.compile import CompileError
 
 __all__ = ["patch", "patched", "unpatch"]
 
 _DEVICES = ("cpu", "cuda")
 _has_torch_function = torch.overrides.has_torch_function_variadic
 _original = None  # torch's function (whatever was there at patch()), while patched
+# cek's errors about where it runs, not about the call's inputs: raised, not handed to torch
+_OWN = (gpu.NoDeviceError, gpu.CaptureError, CompileError, torch.OutOfMemoryError)
 
 
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
@@ -45,6 +52,8 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
         return _original(*args)
     try:
         return ct.cosine_embedding_loss(*args)
+    except _OWN:
+        raise
     except Exception:  # noqa: BLE001 - refused before any work: torch's result or error
         return _original(*args)
 
