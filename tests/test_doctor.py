@@ -754,3 +754,14 @@ def test_required_by_reads_each_distributions_own_requirements(monkeypatch):
                  dist("none")]
     monkeypatch.setattr(doctor_fixes.importlib.metadata, "distributions", lambda: installed)
     assert doctor_fixes.required_by("nvidia-cuda-nvrtc") == ["other", "torch"]
+
+
+def test_the_docs_give_doctors_exit_codes():
+    """docs/install.md and docs/cli.md state the codes cek/doctor_fixes.py exits with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for page in ("install.md", "cli.md"):
+        text = (root / "docs" / page).read_text()
+        assert f"| {doctor_fixes.TORCH_ON_CPU} | the CuPy path runs on the GPU" in text, page
+        assert f"| {doctor_fixes.NO_DRIVER} | no NVIDIA driver" in text, page
