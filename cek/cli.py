@@ -1,4 +1,5 @@
-"""The `cek` command line: list, dump-source, compile, check, bench.
+"""The `cek` command line: list, dump-source, compile (cek/cli_compile.py), check, bench, doctor
+(cek/doctor_report.py); what the commands share is cek/cli_common.py.
 
 A thin layer over the library: data goes to stdout, progress and diagnostics to stderr, and the
 library's exceptions become exit codes in one place (`Cli`): 0 ok; 1 the work failed (a
@@ -14,28 +15,19 @@ import errno
 import importlib.util
 import json
 import os
-import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
 
 import cek
 from cek import check
-from cek import cosine_embedding_loss_split as split
-from cek import compile as compile_module
+from cek.cli_common import (DTYPE_NAMES, KERNEL_NAMES, MAX_ROWS, ROWS, WIDTH,  # noqa: F401
+                            _check_widths, _chosen, _given, _table, dtypes_option)
 from cek.compile import CompileError
-from cek.dtypes import DTYPES
 from cek.gpu import NoDeviceError
-from cek.kernel import Kernel, kernel_classes
-
-KERNEL_NAMES = list(kernel_classes())
-DTYPE_NAMES = list(DTYPES)
-# Kernels take `int n_rows`: a larger count is refused before any memory is allocated.
-MAX_ROWS = 2**31 - 1
-# The widest row any kernel takes (the split in 16-bit types); each kernel refuses wider ones.
-MAX_N_DIM = 1 << 23
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -93,6 +85,8 @@ class Cli(click.Group):
         # invoke: a stdout that refuses them is caught here.
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:  # `cek --nope`, `cek nope`
+            raise _one_line(exc) from None
         except KeyboardInterrupt:
             raise Interrupted() from None
         except OSError as exc:
@@ -103,6 +97,8 @@ class Cli(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             result = super().invoke(ctx)
+        except click.UsageError as exc:  # an option's value, or a rule between options
+            raise _one_line(exc) from None
         except KeyboardInterrupt:  # a command's own imports (CuPy) too
             raise Interrupted() from None
         except OSError as exc:
@@ -110,7 +106,7 @@ class Cli(click.Group):
                 raise
             raise _os_error(exc) from exc
         except (ValueError, TypeError, OverflowError) as exc:  # a user's value the library refused
-            raise click.UsageError(str(exc), self._command_context(ctx)) from exc
+            raise click.UsageError(str(exc)) from exc
         except (NoDeviceError, CompileError, check.CaseError, ImportError, MemoryError) as exc:
             raise click.ClickException(_failure_message(exc)) from exc
         try:
@@ -121,30 +117,47 @@ class Cli(click.Group):
             raise _stdout_failed(exc) from exc
         return result
 
-    def _command_context(self, ctx: click.Context) -> click.Context:
-        """A context of the command that ran, for the usage line click prints above a usage
-        error: the command's own context is closed by the time its exception gets here."""
-        name = ctx.invoked_subcommand
-        command = self.get_command(ctx, name) if name else None
-        return ctx if command is None else click.Context(command, info_name=name, parent=ctx)
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    """`exc` printed as the one line `Error: ...` (exit 2): without a context click prints no
+    usage line and no help hint above it, which every command's -h gives."""
+    exc.ctx = None
+    return exc
 
 
 def _stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-class _Progress:
-    """Progress on stderr: a bar when stderr is a terminal, nothing when it is piped (a log file
-    gets no bar frames, and stdout stays data). `echo` prints a line while the bar is drawn."""
+# Off a terminal (a log file, a pipe), progress is a line this often, not a bar: a long
+# `cek check` or `cek bench` says it is alive, and a short one says nothing.
+PROGRESS_EVERY_S = 5.0
+_clock = time.monotonic
 
-    def __init__(self, bar):
-        self._bar = bar
+
+class _Progress:
+    """Progress on stderr: a bar when stderr is a terminal; otherwise a line every
+    PROGRESS_EVERY_S seconds (none for a command done sooner), so that a log file gets no bar
+    frames and stdout stays data. `echo` prints a line while the bar is drawn."""
+
+    def __init__(self, bar, total: int = 0, label: str = ""):
+        self._bar, self._total, self._label = bar, total, label
+        self._done, self._now = 0, None
+        self._start = self._said = _clock()
 
     def advance(self, steps: int = 1, now: str | None = None) -> None:
         """`steps` more done; `now`, when given, is shown beside the bar: what runs now."""
         if self._bar is not None:
             self._bar.update(steps, now)
             self._bar.render_progress()  # update draws only after a step; `now` is news too
+            return
+        self._done, self._now = self._done + steps, now or self._now
+        clock = _clock()
+        if clock - self._said >= PROGRESS_EVERY_S:
+            self._said = clock
+            click.echo(f"{self._label}: {self._done}/{self._total} done after "
+                       f"{self._said - self._start:.0f} s"
+                       + (f"; now {self._now}" if self._now else ""), err=True)
 
     def echo(self, line: str, err: bool = False) -> None:
         """`line` on stdout (stderr with err), above the bar: the bar's line is erased first
@@ -161,94 +174,13 @@ class _Progress:
 def _progress(total: int, label: str):
     """A _Progress of `total` steps, labelled `label`."""
     if not _stderr_is_terminal():
-        yield _Progress(None)
+        yield _Progress(None, total, label)
         return
     # show_pos: the count changes at every step, so the bar is drawn again after every line
     # echoed above it even when the percentage does not change.
     with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
                            show_percent=True, item_show_func=lambda now: now) as bar:
         yield _Progress(bar)
-
-
-def _table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[str(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
-def _check_widths(names: list[str], dtype_names: list[str], n_dims) -> None:
-    """Refuse, before any work, an --n-dim that a chosen kernel does not take in a chosen dtype:
-    the library's reason, the kernels that refuse it, and for a row wider than one block takes
-    (2^20), the split kernels, which take it."""
-    classes = kernel_classes()
-    for n_dim in n_dims:
-        refused: dict[str, dict[str, None]] = {}  # the library's reason: the kernels, once each
-        for name in names:
-            for dtype in dtype_names:
-                try:
-                    classes[name].for_n_dim(n_dim, dtype)
-                except ValueError as exc:
-                    refused.setdefault(str(exc), {})[name] = None
-        if refused:
-            reason, kernels = next(iter(refused.items()))
-            if n_dim >= 1:  # too wide: which kernels, and which take it
-                reason = f"{', '.join(kernels)}: {reason}{_split_hint(kernels)}"
-            raise click.BadParameter(reason, param_hint="'--n-dim'")
-
-
-def _split_hint(refusing) -> str:
-    """Where a one-block kernel refuses a wide row: the split kernels and the widest row they
-    take in each dtype (2^22 floats, 2^23 16-bit values, 2^21 doubles)."""
-    classes = kernel_classes()
-    splits = [name for name, cls in classes.items() if issubclass(cls, split.SplitRows)]
-    if all(name in splits for name in refusing):
-        return ""
-    by_width: dict[int, list[str]] = {}
-    for dtype in DTYPE_NAMES:
-        by_width.setdefault(split.max_n_dim(dtype), []).append(dtype)
-    widths = ", ".join(f"{width} in {' and '.join(names)}" for width, names in by_width.items())
-    return f"; the split kernels ({', '.join(splits)}) take rows of up to {widths}"
-
-
-def _pick_kernel(name: str, n_dim: int | None, block_size: int | None, dtype: str = "f32") -> Kernel:
-    """The kernel `name` for --n-dim or --block-size. A kernel of one instance a dtype (the
-    split's: its code is the same for every width) is that instance for any --block-size."""
-    if n_dim is not None and block_size is not None:
-        raise click.UsageError("give --n-dim or --block-size, not both")
-    if block_size is None:
-        _check_widths([name], [dtype], [768 if n_dim is None else n_dim])
-    cls = kernel_classes()[name]
-    if block_size is not None:
-        sizes = cls.block_sizes()
-        return cls(sizes[0] if len(sizes) == 1 else block_size, dtype)
-    return cls.for_n_dim(768 if n_dim is None else n_dim, dtype)
-
-
-kernel_option = click.option(
-    "--kernel", "kernel_name", type=click.Choice(KERNEL_NAMES), default="backward",
-    show_default=True, help="Which kernel.",
-)
-n_dim_option = click.option("--n-dim", type=int,
-                            help="Row width; BLOCK_SIZE = next power of two.  [default: 768]")
-
-
-def dtypes_option(default: str):
-    """--dtype, repeatable, with "all" for every element type."""
-    return click.option("--dtype", "dtype_names", type=click.Choice(DTYPE_NAMES + ["all"]),
-                        multiple=True, default=[default], show_default=True,
-                        help="Element types (repeatable, or all).")
-
-
-def _chosen(values, everything: list[str]) -> list[str]:
-    """A repeatable choice: every value for "all", else those given, in order, once each."""
-    return list(everything) if "all" in values else list(dict.fromkeys(values))
-
-
-dtype_option = click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="f32",
-                            show_default=True, help="Element type of x1, x2, dx1, dx2.")
-block_size_option = click.option("--block-size", type=int, help="BLOCK_SIZE itself.")
 
 
 # "--help" first: click before 8.3 names the first in "Try ... for help", later ones the longest.
@@ -265,273 +197,6 @@ def main() -> None:
     """
 
 
-def _listed_kernels() -> dict[str, type[Kernel]]:
-    """Every kernel the launchers run, by the name `cek list` gives it: kernel_classes(), then
-    the reduction, which has no --kernel name (it runs after the kernels that write per-row
-    losses, for a mean or sum)."""
-    from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
-
-    return {**kernel_classes(), "reduce": CosineEmbeddingLossReduce}
-
-
-@main.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per kernel.")
-def list_kernels(as_json: bool) -> None:
-    """List every kernel: name, id pattern, arguments, launch contract.
-
-    The last, reduce, is the mean or sum of the per-row losses of fused, forward-rows,
-    fused-split or forward-split, which cek's functions and cek.torch run after them; it is no
-    --kernel of the other commands (cek compile --report lists it beside those kernels).
-
-    \b
-    Example:
-      cek list
-    """
-    rows = []
-    for short, cls in _listed_kernels().items():
-        sizes = cls.block_sizes()
-        one = len(sizes) == 1  # the split's: one instance a dtype, for rows of any width
-        rows.append({
-            "kernel": short,
-            "name": cls.name,
-            "id": f"{cls.name}__<{'|'.join(DTYPE_NAMES)}>__{sizes[0] if one else '<BLOCK_SIZE>'}",
-            "block_sizes": f"{sizes[0]} (its threads; one for every width)" if one
-            else f"1..{cls.max_block_size} (powers of two)",
-            "args": ", ".join(f"{a.ctype} {a.name}" for a in cls.args),
-            "types": "T, A = float, float (f32); double, double (f64); cek_f16, float (f16); "
-                     "cek_bf16, float (bf16)",
-            "launch": cls.launch_contract,
-        })
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    for row in rows:
-        click.echo(f"{row['kernel']}: {row['name']}")
-        for key in ("id", "block_sizes", "args", "types", "launch"):
-            click.echo(f"  {key:<12}{row[key]}")
-
-
-@main.command("dump-source")
-@kernel_option
-@n_dim_option
-@block_size_option
-@dtype_option
-@click.option("--part", type=click.Choice(["kernel", "entry", "all"]), default="all",
-              show_default=True, help="The template, the generated entry point, or both.")
-@click.option("--line-numbers", is_flag=True, help="Number the lines.")
-def dump_source(kernel_name, n_dim, block_size, dtype, part, line_numbers) -> None:
-    """Print exactly the source that is compiled (default: backward, --n-dim 768).
-
-    \b
-    Example:
-      cek dump-source --kernel fused --n-dim 4096 --part entry
-    """
-    kernel = _pick_kernel(kernel_name, n_dim, block_size, dtype)
-    text = {"kernel": kernel.kernel_source, "entry": kernel.entry_point_source,
-            "all": kernel.source}[part]
-    if line_numbers:
-        lines = text.split("\n")
-        width = len(str(len(lines)))
-        text = "\n".join(f"{i:>{width}}  {line}" for i, line in enumerate(lines, 1))
-    click.echo(text, nl=not text.endswith("\n"))
-
-
-def _require_nvrtc() -> None:
-    """A one-line error, before any work, when there is no NVRTC to compile with (CuPy's, or
-    the `nvrtc` extra's where CuPy is not installed): cek.compile's, which says what to install
-    for this machine."""
-    try:
-        compile_module.nvrtc_version()
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-def _out_dir_value(ctx, param, value: Path | None) -> Path | None:
-    """--out: a directory, or a path where one can be created. Any other file there (a regular
-    file, a device such as /dev/full, a dangling link) is a usage error, whatever its kind."""
-    if value is not None and (value.exists() or value.is_symlink()) and not value.is_dir():
-        raise click.BadParameter(f"'{value}' is not a directory")
-    return value
-
-
-def _arch_value(ctx, param, value: str) -> str:
-    """--arch: a real architecture (sm_90, sm_90a, sm_100f), as cek.compile.compile_kernel takes
-    it, refused while the options are read: before anything is compiled or said."""
-    if not re.fullmatch(r"sm_\d+[af]?", value):
-        raise click.BadParameter(f"arch must look like sm_90, got {value!r}")
-    return value
-
-
-def _report_arch(arch: str, gpu: str) -> str:
-    """The arch of `cek compile --report`: --gpu's own unless --arch is given (--gpu a100 reports
-    sm_80 code). An --arch the report does not know, or whose code the GPU cannot run (sm_90 on
-    an A100), is refused before any compile, naming the arch that GPU takes."""
-    from cek import report
-    from cek.occupancy import ARCHS
-
-    own = report.GPUS[gpu].arch
-    if not _given("arch"):
-        return own
-    try:
-        report._gpu(gpu, arch)  # the report's own rule, asked before it compiles
-    except ValueError as exc:
-        hint = f": give --arch {own} for --gpu {gpu}, or leave --arch out" if arch in ARCHS else ""
-        raise click.BadParameter(f"{exc}{hint}", param_hint="'--arch'") from exc
-    return arch
-
-
-def _given(name: str) -> bool:
-    """Whether the option of parameter `name` was given on the command line (not defaulted)."""
-    source = click.get_current_context().get_parameter_source(name)
-    return source not in (None, click.core.ParameterSource.DEFAULT)
-
-
-@main.command("compile")
-@click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
-              help="Kernels to compile (repeatable).  [default: every kernel]")
-@click.option("--all", "all_kernels", is_flag=True, help="Every kernel (the default).")
-@n_dim_option
-@block_size_option
-@click.option("--all-sizes", is_flag=True, help="Every supported BLOCK_SIZE.")
-@dtypes_option("f32")
-@click.option("--arch", default="sm_90", show_default=True, callback=_arch_value,
-              help="Target, e.g. sm_80, sm_90; with --report, that of --gpu unless given.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), metavar="DIR",
-              callback=_out_dir_value,
-              help="Write <id>.ptx and <id>.cubin here (created if missing).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
-@click.option("--report", is_flag=True,
-              help="The static report: occupancy, waves, SASS facts (default: every kernel).")
-@click.option("--gpu", type=click.Choice(["a100", "h100", "h200"]), default="h200",
-              show_default=True, help="--report: the GPU whose SMs and DRAM to assume.")
-@click.option("--n-rows", type=int, default=65536, show_default=True,
-              help="--report: rows of the problem, for the grid and waves.")
-def compile_command(kernel_names, all_kernels, n_dim, block_size, all_sizes, dtype_names, arch,
-                    out_dir, as_json, report, gpu, n_rows) -> None:
-    """Compile kernels with NVRTC; needs no GPU. Reports registers, spills, shared memory.
-
-    \b
-    Examples:
-      cek compile --n-dim 768                  # every kernel, BLOCK_SIZE 1024
-      cek compile --kernel backward --kernel fused --n-dim 768
-      cek compile --all --all-sizes --arch sm_90 --json
-      cek compile --report --arch sm_90 --gpu h200 --n-dim 768 --n-rows 65536
-    """
-    if report:
-        if n_rows < 1:
-            raise click.UsageError(f"--n-rows must be at least 1, got {n_rows}")
-        if out_dir is not None:
-            raise click.UsageError("--out goes without --report")
-    else:  # an option that changes nothing is refused, not ignored
-        for name in ("gpu", "n_rows"):
-            if _given(name):
-                raise click.UsageError(f"--{name.replace('_', '-')} goes with --report")
-
-    if all_kernels and kernel_names:
-        raise click.UsageError("give --kernel or --all, not both")
-    if all_sizes and (n_dim is not None or block_size is not None):
-        raise click.UsageError("--all-sizes goes without --n-dim and --block-size")
-    names = list(dict.fromkeys(kernel_names)) or KERNEL_NAMES  # in order, once each
-    types = _chosen(dtype_names, DTYPE_NAMES)
-    if n_dim is not None and block_size is None:
-        _check_widths(names, types, [n_dim])  # every kernel that refuses it, in one error
-    if report:
-        arch = _report_arch(arch, gpu)
-    kernels = []
-    for name in names:
-        cls = kernel_classes()[name]
-        for dtype in types:
-            if all_sizes:
-                kernels += [cls(b, dtype) for b in cls.block_sizes()]
-            else:
-                kernels.append(_pick_kernel(name, n_dim, block_size, dtype))
-    _require_nvrtc()
-    try:  # an arch this NVRTC does not know is refused here, not by NVRTC at the first compile
-        compile_module.check_arch(arch)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--arch'") from exc
-    if report:
-        # the row width: --n-dim, else --block-size, else each kernel's BLOCK_SIZE
-        # (--all-sizes), else 768
-        fixed = n_dim if n_dim is not None else block_size or (None if all_sizes else 768)
-        _print_report([(k, fixed or k.block_size) for k in kernels], n_rows, arch, gpu, as_json)
-        return
-    if out_dir is not None:  # an unwritable --out fails now, not after the compiles
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=out_dir).close()
-        except OSError as exc:
-            raise click.ClickException(f"cannot write to --out {out_dir}: {exc.strerror or exc}") \
-                from exc
-    rows = []
-    for kernel in kernels:
-        click.echo(f"compiling {kernel.id} for {arch}", err=True)
-        result = compile_module.compile_kernel(kernel, arch)
-        if out_dir is not None:
-            (out_dir / f"{kernel.id}.ptx").write_text(result.ptx)
-            (out_dir / f"{kernel.id}.cubin").write_bytes(result.cubin)
-        rows.append(result.summary())
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-    else:
-        for row in rows:
-            row["seconds"] = f"{row['seconds']:.3f}"
-        click.echo(_table(rows, ["kernel_id", "arch", "registers", "spill_stores", "spill_loads",
-                                 "stack_bytes", "shared_bytes", "local_bytes", "seconds"]))
-
-
-# the kernels whose losses a mean or sum reduces
-MEAN_KERNELS = ("fused", "forward-rows", "fused-split", "forward-split")
-
-
-def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: str,
-                  as_json: bool) -> None:
-    """`cek compile --report`: one static_row per (kernel, row width), as a table or JSON; the
-    second kernel of a pair after the first (once), a mean's kernels after the reduction's."""
-    from cek import report, sass
-
-    rows, reduced, shown, said = [], set(), set(), set()
-    for kernel, width in cases:
-        try:
-            kernel.launch_config(n_rows, width)  # a width the kernel does not take: exit 2
-            first = kernel.first.for_n_dim(width, kernel.dtype) if kernel.first else None
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-        if kernel.first is None and kernel.kind != "sums" and \
-                split.splits(n_rows, width, kernel.dtype) and kernel.short_name not in said:
-            said.add(kernel.short_name)
-            click.echo(f"note: at {n_rows} x {width} cek's functions and cek.torch run the split's "
-                       f"pair instead of {kernel.short_name} (see --kernel split-sums and the "
-                       f"*-split kernels)", err=True)
-        for k in ([first] if first is not None and (first, width) not in shown else []) + \
-                [kernel]:
-            shown.add((k, width))
-            click.echo(f"reporting {k.id} for {arch}, {gpu}, {n_rows} x {width}", err=True)
-            try:
-                rows.append(report.static_row(k, n_rows, width, arch=arch, gpu=gpu))
-            except ValueError as exc:
-                raise click.UsageError(str(exc)) from exc
-            except (CompileError, sass.NvdisasmFailed) as exc:
-                raise click.ClickException(str(exc)) from exc
-        try:
-            # A mean or sum of the per-row losses these kernels write is the reduction's
-            # launches, which cek's functions and cek.torch run after them: once a dtype.
-            if kernel.short_name in MEAN_KERNELS and kernel.dtype not in reduced:
-                reduced.add(kernel.dtype)
-                rows += report.reduction_rows(kernel.dtype, n_rows, width, arch=arch, gpu=gpu)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-        except (CompileError, sass.NvdisasmFailed) as exc:
-            raise click.ClickException(str(exc)) from exc
-    missing = next((r["sass_missing"] for r in rows if r["sass_missing"]), None)
-    if missing:
-        click.echo(missing, err=True)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-    else:
-        table = report.table_rows(rows)
-        click.echo(_table(table, list(table[0])))
-
 
 @main.command("check")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto",
@@ -539,10 +204,10 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
               help="auto: the GPU when there is one, else the CPU emulator (saying why).")
 @click.option("--kernel", "kernel_names", type=click.Choice(KERNEL_NAMES), multiple=True,
               help="Kernels to check (repeatable).  [default: every kernel]")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True,
+@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True,
               help="Row widths (repeatable).  [default: "
                    f"{' '.join(map(str, check.N_DIMS))}]")
-@click.option("--n-rows", type=click.IntRange(1, MAX_ROWS), default=7, show_default=True,
+@click.option("--n-rows", type=ROWS, default=7, show_default=True,
               help="Rows per case.")
 @dtypes_option("all")
 @click.option("--sanitize", type=click.Choice(["thread", "address"]),
@@ -752,7 +417,7 @@ def _bench_shapes(preset, n_dims, n_rows) -> list[tuple[int, int]]:
 
 
 @main.command("bench")
-@click.option("--n-dim", "n_dims", type=click.IntRange(1, MAX_N_DIM), multiple=True,
+@click.option("--n-dim", "n_dims", type=WIDTH, multiple=True,
               help="Row width (repeatable for a sweep).")
 @click.option("--n-rows", default="65536", show_default=True, callback=_n_rows_value,
               help="Rows, or 'auto' for N*D ~ 5e7 at each width.")
@@ -872,7 +537,11 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
         sys.exit(1)
 
 
-# `cek doctor`: what the GPU path runs with on this host, its problems and their fixes.
-from cek.doctor import doctor_command  # noqa: E402 - a command of its own module
+# The commands of their own modules: those that read the kernels without running them, and
+# `cek doctor`, what cek runs with on this host, its problems and their fixes.
+from cek.cli_compile import compile_command, dump_source, list_kernels  # noqa: E402
+from cek.doctor_report import doctor_command  # noqa: E402
 
+for _command in (list_kernels, dump_source, compile_command):
+    main.add_command(_command)
 main.add_command(doctor_command)

@@ -1,6 +1,8 @@
 """cpu tier: `cek doctor` on every environment a user can have, without a GPU: the driver's
 library (libcuda), CuPy and torch are stood in for, one case each. Every case ends in a report,
-its problems each with a fix, and exit 0 or 1: never a traceback. The launch it runs where a
+its problems each with a fix, and exit 0, 1, 3 or 4: never a traceback. Without a driver, the
+checks of what runs there (the CPU path, the emulator, cek compile) are stood in for too; one
+test runs them for real. The launch it runs where a
 GPU is usable runs here on the CuPy stand-in with the emulator (emulator tier)."""
 
 import importlib.machinery
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cek import doctor
+from cek import doctor, doctor_fixes, doctor_report
 
 H100 = ("NVIDIA H100 80GB HBM3", 9, 0, 85_520_809_984)
 B200 = ("NVIDIA B200", 10, 0, 191_514_247_168)
@@ -28,6 +30,10 @@ CUDA12_LINE = ("pip install 'cupy-cuda12x>=14.0,<15' 'nvidia-cuda-nvrtc-cu12>=12
 CUDA13_LINE = ("pip install 'cupy-cuda13x>=14.0,<15' 'nvidia-cuda-nvrtc>=13.0.88,<13.6' "
                "'nvidia-cuda-runtime>=13.0.48,<13.6' (cek's cuda13 extra)")
 INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver, CuPy's status without a driver
+# The checks of a host without a driver, by the name doctor reports each under.
+RUNS_HERE = {"CPU path": "try_cpu_path", "emulator": "try_emulator", "cek compile": "try_compile"}
+NO_DRIVER_VERDICT = ("no NVIDIA driver: the GPU path cannot run here; the CPU path, the "
+                     "emulator and cek compile run")
 
 
 class Libcuda:
@@ -139,10 +145,16 @@ def machine(monkeypatch):
     piece that is not installed. Launches are recorded, not run."""
 
     def setup(libcuda=None, cupy=None, torch=None, wheels=(), cupy_error=None,
-              archs=NVRTC_12_9_ARCHS, pinned=None):
+              archs=NVRTC_12_9_ARCHS, pinned=None, runs_here=None):
         monkeypatch.setattr(doctor, "libcuda", lambda: libcuda)
         # pinned: {wheel: [distributions whose own requirements name it]}
-        monkeypatch.setattr(doctor, "required_by", lambda name: (pinned or {}).get(name, []))
+        monkeypatch.setattr(doctor_fixes, "required_by",
+                            lambda name: (pinned or {}).get(name, []))
+        # runs_here: {"CPU path" | "emulator" | "cek compile": its failure}; the rest work
+        for what, name in RUNS_HERE.items():
+            error = (runs_here or {}).get(what)
+            monkeypatch.setattr(doctor, name, lambda facts, error=error, what=what: (
+                (False, error) if error else (True, f"{what} works")))
         monkeypatch.setattr(doctor, "libnvml", lambda: None)
         monkeypatch.setattr(doctor, "DRIVER_VERSION_FILE", doctor.Path("/nonexistent"))
         monkeypatch.setattr(doctor, "cupy_wheels", lambda: list(wheels))
@@ -165,8 +177,8 @@ def machine(monkeypatch):
 
 def _doctor(*args):
     """`cek doctor`: its result, having checked that it ended as a command must."""
-    result = CliRunner().invoke(doctor.doctor_command, list(args), prog_name="cek doctor")
-    assert result.exit_code in (0, 1, 3), result.output
+    result = CliRunner().invoke(doctor_report.doctor_command, list(args), prog_name="cek doctor")
+    assert result.exit_code in (0, 1, 3, 4), result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.stdout + result.stderr
     return result
@@ -195,19 +207,88 @@ def _exits_1_saying(result, count):
                              "fix above\n")
 
 
+def _says_what_runs_here(result):
+    """A host without a driver: the report says so, names what runs there, recommends no GPU
+    package, and exits NO_DRIVER (4), not 1 (the work failed), with nothing on stderr."""
+    assert _lines(result, "driver") == ["no NVIDIA driver (libcuda.so.1 is not installed)"]
+    assert _lines(result, "launch") == ["not run: no NVIDIA driver"]
+    assert _lines(result, "runs here") == [f"{what}: {what} works" for what in RUNS_HERE]
+    assert _problems(result) == []
+    assert _lines(result, "verdict") == [NO_DRIVER_VERDICT]
+    assert "pip install" not in result.stdout
+    assert result.exit_code == 4 and result.stderr == ""
+
+
 def test_no_driver_no_cupy_no_torch(machine):
+    """The README's no-GPU install (`pip install '.[nvrtc]'`): no driver, no CuPy. What it is
+    for runs, and doctor says so; it recommends neither CuPy nor a GPU package."""
     machine(libcuda=None, cupy=None, torch=None)
     result = _doctor()
-    assert _lines(result, "driver") == ["no NVIDIA driver (libcuda.so.1 is not installed)"]
     assert _lines(result, "CuPy") == ["not installed"]
     assert _lines(result, "torch") == ["not installed"]
-    assert _lines(result, "launch") == ["not run: CuPy reaches no GPU"]
-    assert [text for text, _ in _problems(result)] == [
-        "no NVIDIA driver (libcuda.so.1 is not installed)", "CuPy: not installed"]
-    # without a driver there is no CUDA version to choose by: both lines, each naming the
-    # packages, which install the same with cek installed or in a checkout
-    assert _problems(result)[1][1] == f"{CUDA12_LINE} for a CUDA 12.x driver, {CUDA13_LINE} for 13.x"
-    _exits_1_saying(result, 2)
+    assert _lines(result, "cek compile") == ["NVRTC 12.9 (CuPy's)"]
+    _says_what_runs_here(result)
+
+
+def test_no_driver_with_a_cpu_build_of_torch(machine):
+    """The nvrtc install beside torch's CPU build: cek.torch runs on the CPU, which is what a
+    host without a GPU has; no problem, no torch to install."""
+    machine(libcuda=None, cupy=None, torch=_torch("2.13.0+cpu", None, devices=0))
+    result = _doctor()
+    assert _lines(result, "torch") == ["2.13.0+cpu, a CPU build, sees 0 GPUs"]
+    _says_what_runs_here(result)
+
+
+def test_no_driver_where_what_runs_here_fails_names_no_gpu_package(machine):
+    machine(libcuda=None, cupy=None, torch=None,
+            runs_here={"emulator": "RuntimeError: g++ not found",
+                       "cek compile": "no NVRTC: pip install '.[nvrtc]'"})
+    result = _doctor()
+    assert _problems(result) == [
+        ("emulator does not run here: RuntimeError: g++ not found",
+         "install g++ 12 or newer: the emulator builds the kernels' source with it"),
+        ("cek compile does not run here: no NVRTC: pip install '.[nvrtc]'",
+         "pip install '.[nvrtc]' from a checkout: cek's own NVRTC, no GPU package")]
+    assert not any("cupy" in fix.lower() or "cuda1" in fix for _, fix in _problems(result))
+    assert _lines(result, "verdict") == ["no NVIDIA driver, and 2 problems with what runs "
+                                         "without one"]
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: no NVIDIA driver, and what runs without one fails: "
+                             "2 problems, each with its fix above\n")
+
+
+@pytest.mark.emulator
+def test_what_runs_without_a_driver_is_tried_for_real(machine, monkeypatch):
+    """The three checks themselves, unstood-in: the CPU path against the float64 reference, the
+    fused kernel on the emulator, and cek compile's NVRTC on it."""
+    from cek import compile as compiler
+
+    machine(libcuda=None, cupy=None, torch=None)
+    monkeypatch.undo()  # the real checks and the real NVRTC, on this machine's facts
+    monkeypatch.setattr(doctor, "libcuda", lambda: None)
+    facts = doctor.Facts(no_driver=True)
+    doctor.read_compile(facts)
+    if facts.compile_error is not None:
+        pytest.skip(f"no NVRTC here: {facts.compile_error}")
+    doctor.read_what_runs_here(facts)
+    runs = {run["what"]: run for run in facts.runs_here}
+    assert list(runs) == list(RUNS_HERE)
+    assert all(run["ok"] for run in runs.values()), runs
+    assert runs["CPU path"]["detail"].startswith(
+        "64 x 768 float32 matches the float64 reference (largest relative difference ")
+    assert runs["emulator"]["detail"].startswith("the fused kernel's source matches")
+    kernel = doctor.cek.kernel.kernel_classes()["fused"].for_n_dim(768, "f32")
+    registers = compiler.compile_kernel(kernel, "sm_90").summary()["registers"]
+    assert runs["cek compile"]["detail"] == (f"the fused kernel compiles for sm_90, "
+                                             f"{registers} registers")
+
+
+def test_a_gpu_host_tries_no_cpu_checks(machine):
+    """With a driver, doctor behaves as before: the GPU path's facts and problems only."""
+    machine(libcuda=Libcuda(cuda=13020), cupy=None, torch=None)
+    result = _doctor()
+    assert _lines(result, "runs here") == []
+    assert result.exit_code == 1
 
 
 def test_cupy_missing_on_a_gpu_host_names_the_extra_of_the_drivers_cuda(machine):
@@ -229,6 +310,8 @@ def test_a_cupy_that_cannot_load_is_told_from_a_missing_one(machine):
 
 
 def test_no_driver_with_cupy_installed(machine):
+    """CuPy installed (the cuda12 line) on a host without a driver: said as it is, no problem
+    of it (it needs a driver, which no package brings), and what runs here works."""
     machine(libcuda=None, cupy=_cupy(devices=None, driver=0), wheels=["cupy-cuda12x"])
     result = _doctor()
     assert _lines(result, "CuPy") == ["14.2.0 (cupy-cuda12x), built for CUDA 12.9, sees no GPU "
@@ -237,8 +320,7 @@ def test_no_driver_with_cupy_installed(machine):
     assert _lines(result, "headers") == [
         "CUDA version not known: /site/nvidia/cuda_runtime/include"]
     assert _lines(result, "cek compile") == ["NVRTC 12.9 (CuPy's)"]
-    assert [text for text, _ in _problems(result)] == [
-        "no NVIDIA driver (libcuda.so.1 is not installed)"]
+    _says_what_runs_here(result)
 
 
 def test_a_driver_that_sees_no_gpu(machine):
@@ -380,8 +462,10 @@ def test_json_has_the_facts_and_the_problems(machine):
     result = _doctor("--json")
     data = json.loads(result.stdout)
     assert data["facts"]["cupy_error"] == "not installed"
-    assert [p["text"] for p in data["problems"]] == [
-        "no NVIDIA driver (libcuda.so.1 is not installed)", "CuPy: not installed"]
+    assert data["facts"]["no_driver"] is True and data["problems"] == []
+    assert data["facts"]["runs_here"] == [{"what": what, "ok": True, "detail": f"{what} works"}
+                                          for what in RUNS_HERE]
+    assert result.exit_code == 4
 
 
 def test_a_reader_that_fails_unforeseen_is_a_problem_not_a_traceback(machine, monkeypatch):
@@ -396,7 +480,7 @@ def test_a_reader_that_fails_unforeseen_is_a_problem_not_a_traceback(machine, mo
 
 
 def test_a_bad_option_is_exit_2():
-    result = CliRunner().invoke(doctor.doctor_command, ["--gpu"])
+    result = CliRunner().invoke(doctor_report.doctor_command, ["--gpu"])
     assert result.exit_code == 2 and "No such option '--gpu'" in result.stderr
 
 
@@ -461,7 +545,7 @@ def test_the_machine_comes_first_with_exact_versions(machine, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     monkeypatch.delenv("CUPY_COMPILE_WITH_PTX", raising=False)
     result = _doctor()
-    _exits_1_saying(result, 2)
+    assert result.exit_code == 4
     labels = [label for label, _ in _rows(result)]
     assert labels.index("OS") < labels.index("driver")
     assert platform.libc_ver()[1] in _lines(result, "OS")[0]
@@ -477,7 +561,7 @@ def test_each_line_is_printed_as_soon_as_it_is_known(machine, monkeypatch):
     read before: the driver's and CuPy's lines are out before torch is read."""
     machine(libcuda=Libcuda(cuda=13000), cupy=None, torch=None)
     said = []
-    monkeypatch.setattr(doctor.click, "echo", lambda text="", **kwargs: said.append(text))
+    monkeypatch.setattr(doctor_report.click, "echo", lambda text="", **kwargs: said.append(text))
     monkeypatch.setattr(doctor, "read_torch", lambda facts: said.append("reading torch"))
     _doctor()
     at = said.index("reading torch")
@@ -628,8 +712,14 @@ def test_torch_on_the_cpu_with_a_failed_cupy_launch_exits_1(machine, monkeypatch
     _exits_1_saying(_doctor(), 3)
 
 
+def test_the_help_names_exit_4():
+    result = CliRunner().invoke(doctor_report.doctor_command, ["--help"], prog_name="cek doctor")
+    assert ("4 when there is no NVIDIA driver, and the CPU path, the emulator and cek compile "
+            "work") in " ".join(result.output.split())
+
+
 def test_the_help_names_exit_3():
-    result = CliRunner().invoke(doctor.doctor_command, ["--help"], prog_name="cek doctor")
+    result = CliRunner().invoke(doctor_report.doctor_command, ["--help"], prog_name="cek doctor")
     assert "3 when the CuPy path runs on the GPU" in " ".join(result.output.split())
 
 
@@ -662,5 +752,16 @@ def test_required_by_reads_each_distributions_own_requirements(monkeypatch):
                  dist("cek", 'nvidia-cuda-nvrtc>=13.0.88,<13.6; extra == "nvrtc"'),
                  dist("other", "Nvidia_Cuda.NVRTC>=13"), dist("cu12", "nvidia-cuda-nvrtc-cu12"),
                  dist("none")]
-    monkeypatch.setattr(doctor.importlib.metadata, "distributions", lambda: installed)
-    assert doctor.required_by("nvidia-cuda-nvrtc") == ["other", "torch"]
+    monkeypatch.setattr(doctor_fixes.importlib.metadata, "distributions", lambda: installed)
+    assert doctor_fixes.required_by("nvidia-cuda-nvrtc") == ["other", "torch"]
+
+
+def test_the_docs_give_doctors_exit_codes():
+    """docs/install.md and docs/cli.md state the codes cek/doctor_fixes.py exits with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for page in ("install.md", "cli.md"):
+        text = (root / "docs" / page).read_text()
+        assert f"| {doctor_fixes.TORCH_ON_CPU} | the CuPy path runs on the GPU" in text, page
+        assert f"| {doctor_fixes.NO_DRIVER} | no NVIDIA driver" in text, page

@@ -127,12 +127,17 @@ def test_doctors_install_lines_are_the_extras(wheel):
 
 
 def test_the_readme_install_lines_are_the_ones_ci_runs():
-    """Each `pip install '.[...]'` of the README's Install is a line of .ci/driver-only.txt,
-    which installs it on a simulated host with only the driver; the 12.x driver's line with
-    PyTorch is torch first, then `'.[cuda12]'`, which cannot bring torch's CUDA 13 build."""
+    """Each `pip install '.[...]'` of the README's install table and of docs/install.md is a line
+    of .ci/driver-only.txt, which installs it on a simulated host with only the driver; the
+    12.x driver's line with PyTorch is torch first, then `'.[cuda12]'`, which cannot bring
+    torch's CUDA 13 build."""
     readme = (ROOT / "README.md").read_text()
-    install = readme[readme.index("## Install"):readme.index("\n## ", readme.index("## Install"))]
+    start = readme.index("| your machine")
+    table = readme[start:readme.index("\n\n", start)]
+    install = (ROOT / "docs" / "install.md").read_text()
+    install = install[:install.index("\n## The other extras")]
     shown = set(re.findall(r"pip install '\.\[([\w,]+)\]'", install))
+    assert set(re.findall(r"pip install '\.\[([\w,]+)\]'", table)) == shown
     lines = [line.split() for line in (ROOT / ".ci" / "driver-only.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert shown == {line[2] for line in lines} == {"cuda12", "cuda13", "nvrtc"}
