@@ -43,7 +43,11 @@ class Mutant:
     why: str  # the bug, in words
 
 
-SANITIZERS = ("tests/test_cosine_embedding_loss.py", "-k", "sanitizers")
+
+def sanitized(paths: str) -> tuple[str, ...]:
+    """The sanitizer tests of the kernel paths (cek.kernel_paths) that -k `paths` selects."""
+    return ("tests/test_cosine_embedding_loss.py", "-k", f"sanitizers_find and ({paths})")
+
 KERNELS = "tests/test_cosine_embedding_loss.py"
 KERNEL_TESTS = (KERNELS, "-k", "emulator_matches_reference")
 HUGE_ROWS = (KERNELS, "-k", "rows_up_to")
@@ -83,7 +87,8 @@ MUTANTS = (
     Mutant("huge-row-barrier", ROW,
            "    __syncthreads();  // every warp has read the first sums' partials\n"
            "    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);",
-           "    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);", SANITIZERS,
+           "    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);",
+           sanitized("backward or forward or fused"),
            "no barrier between a huge row's two block reductions (a race on shared memory)"),
     Mutant("huge-row-gradient-scale", ROW,
            "dx2[i] = CekType<T>::from_acc(g.s2 * (g.p * x - g.q2 * z));",
@@ -99,7 +104,8 @@ MUTANTS = (
            STREAMED_ROWS, "a streamed row's last chunk left out of its sums"),
     Mutant("keep-row-barrier", BACKWARD,
            "            __syncthreads();  // the block sums' shared partials are written again",
-           "            // the block sums' shared partials are written again", SANITIZERS,
+           "            // the block sums' shared partials are written again",
+           sanitized("backward-keep"),
            "no barrier between two rows of a keep kernel's block (a race on shared memory)"),
     Mutant("keep-kept-test", BACKWARD, "if (g == Acc(1)) {  // kept",
            "if (!(g == Acc(1))) {  // kept", ("tests/test_backward_keep.py",),
@@ -109,7 +115,7 @@ MUTANTS = (
            "if (threadIdx.x == whole % BLOCK_SIZE && n % VEC > 1)", REDUCE_TESTS,
            "a last loss alone in its 16-byte chunk left out of the mean"),
     Mutant("reduce-barrier", REDUCE, "    __syncthreads();\n    v = warp_sums[lane];",
-           "    v = warp_sums[lane];", REDUCE_TESTS + SANITIZERS,
+           "    v = warp_sums[lane];", sanitized("reduce"),
            "the warps' sums read before every warp wrote its own"),
     Mutant("reduce-partials-scaled", REDUCE, "partials[blockIdx.x] = sum;  // unscaled",
            "partials[blockIdx.x] = scale * sum;  // unscaled", REDUCE_TESTS,
@@ -126,11 +132,12 @@ MUTANTS = (
     Mutant("split-huge-barrier", SPLIT,
            "    __syncthreads();  // every warp has read the first sums' partials\n"
            "    const CekSums<Acc> scaled",
-           "    const CekSums<Acc> scaled", SANITIZERS + ("pairs",),
+           "    const CekSums<Acc> scaled", sanitized("split"),
            "no barrier between a huge split row's two block reductions"),
     Mutant("split-keep-barrier", SPLIT,
            "        __syncthreads();  // the row's shared partial sums are written again",
-           "        // the row's shared partial sums are written again", SANITIZERS,
+           "        // the row's shared partial sums are written again",
+           sanitized("keep-split"),
            "no barrier between two slices of the split keep kernel's block"),
     # -- cek.torch's routes ------------------------------------------------------------------
     Mutant("cuda-backward-margin", CUDA,
