@@ -178,8 +178,18 @@ MUTANTS = (
            "_cuda.keep_backward(torch.ones_like(grad), a1, ctx.margin, ctx.reduction, kept)",
            CUDA_GLUE, "the eager fused route's backward for an upstream gradient of 1"),
     Mutant("cpu-coeff-margin", "cek/cpu.py", "np.where((y == -1) & (c > margin), g,",
-           "np.where((y == -1) & (c > 0), g,", ("tests/test_functional.py",),
-           "the NumPy path's gradient without the margin"),
+           "np.where((y == -1) & (c > 0), g,",
+           ("tests/test_functional.py", "tests/test_cpu_native.py", "tests/test_cpu_path.py"),
+           "the NumPy code's gradient without the margin (where cek_native is not built)"),
+    Mutant("cpu-native-coeff-margin", "cek/cpu_native.cpp",
+           "(label[i] == -1 && c > margin) ? gi : A(0);",
+           "(label[i] == -1 && c > A(0)) ? gi : A(0);",
+           ("tests/test_functional.py", "tests/test_cpu_path.py"),
+           "the CPU path's compiled gradient without the margin"),
+    Mutant("functional-gpu-backward-margin", "cek/functional.py",
+           "gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, margin)",
+           "gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, 0.0)",
+           ("tests/test_gpu_glue.py",), "cek.functional's GPU backward without the margin"),
 )
 
 # The subset CI runs: one of each kind, each caught within seconds of its tests starting.

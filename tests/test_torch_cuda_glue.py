@@ -6,8 +6,8 @@ import contextlib
 
 import numpy as np
 import pytest
-from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _close, _expected,  # noqa: F401
-                           _inputs, standin)
+from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _branch_rows,  # noqa: F401
+                           _close, _expected, _inputs, standin)
 
 pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
@@ -45,39 +45,9 @@ def cuda(standin, monkeypatch):  # noqa: F811
     return standin
 
 
-# The rows of every test here cycle through each branch of the loss and its gradient
-# (cek_row_coeff, cek_row_loss): label 1; label -1 with c above the margin, between 0 and the
-# margin (where a margin dropped, or read as 0, gives another loss and gradient), below both; a
-# zero row (x1 and x2 zero: c = 0 and EPS alone keeps r finite); a label that is not +-1.
-BRANCH_ROWS = ("label 1", "above", "between", "below", "zero", "no label", "between")
-
-
-def _branch_rows(x1, margin, rng):
-    """(x1, x2, y): x2 at the cosine to x1 that each row's branch asks for (BRANCH_ROWS), of a
-    random length; x1 and x2 zero in a zero row."""
-    n, d = x1.shape
-    low, high = min(margin, 0.0), max(margin, 0.0)
-    cosines = {"above": high + 0.6 * (1 - high), "below": low - 0.6 * (1 + low),
-               "between": margin / 2 if margin else 0.3}
-    labels = {"label 1": 1.0, "zero": 1.0, "no label": 2.0}
-    x1, x2, y = x1.copy(), np.empty_like(x1), np.empty(n)
-    for r in range(n):
-        kind = BRANCH_ROWS[r % len(BRANCH_ROWS)]
-        u = x1[r] / np.linalg.norm(x1[r])
-        v = rng.standard_normal(d)
-        v -= (v @ u) * u
-        v /= np.linalg.norm(v)
-        c = cosines.get(kind, rng.uniform(-0.9, 0.9))
-        x2[r] = rng.uniform(0.5, 2.0) * np.sqrt(d) * (c * u + np.sqrt(1 - c * c) * v)
-        y[r] = labels.get(kind, -1.0)
-        if kind == "zero":
-            x1[r] = x2[r] = 0.0
-    return x1, x2, y
-
-
 def _torch_inputs(n, d, dtype, seed, margin=0.1):
-    """x1, x2 of `dtype` and float64 labels whose rows take each branch at `margin`
-    (BRANCH_ROWS; at D = 1, where every cosine is +-1, random rows)."""
+    """x1, x2 of `dtype` and float64 labels whose rows take each branch of the loss at
+    `margin` (test_gpu_glue.BRANCH_ROWS; at D = 1, where every cosine is +-1, random rows)."""
     x1, x2, y = _inputs(n, d, np.float64, seed)
     if d > 1:
         x1, x2, y = _branch_rows(x1, margin, np.random.default_rng(seed))
