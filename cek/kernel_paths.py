@@ -163,8 +163,8 @@ def _scaled(values: np.ndarray, factor: float, dtype: str) -> np.ndarray:
 
 def inputs(path: KernelPath, kernel: Kernel, seed: int = 0) -> dict:
     """check.make_inputs of the path's problem (a zero row 0 of x1, labels cycling through 1,
-    -1, 0, 2), the last row huge, and for the split the middle row's middle slice far; a keep
-    kernel keeps row 1 (its dy is 1)."""
+    -1, 0, 2), the last row huge, and for the split row 1's last slice far; a keep kernel
+    keeps row 1 (its dy is 1)."""
     found = check.make_inputs(path.n_rows, path.n_dim, seed, dtype=path.dtype)
     last = path.n_rows - 1
     found["x1"][last] = _scaled(found["x1"][last], HUGE, path.dtype)
@@ -218,8 +218,8 @@ def _run_reduce(path: KernelPath, launch: Callable, device: str) -> check.CaseRe
         rows, n = partials, blocks
     launch(kernel, (rows, reduced, n, scale, None))
     want = {"reduced": np.array(np.mean(losses.astype(np.float64)))}
-    failures = check.compare({"reduced": reduced}, want, {"reduced": np.ones(())}, path.dtype)
-    return _result(kernel, device, path, 0.0, *failures)
+    judged = check.compare({"reduced": reduced}, want, {"reduced": np.ones(())}, path.dtype)
+    return _result(kernel, device, path, 0.0, *judged)
 
 
 def _result(kernel, device, path, margin, max_abs, max_rel, failures) -> check.CaseResult:
