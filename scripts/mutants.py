@@ -1,6 +1,6 @@
 """Plant known bugs one at a time and check that the tests catch each.
 
-    python scripts/mutants.py            # every mutant (tens of minutes on 2 cores)
+    python scripts/mutants.py            # every mutant (7 to 20 minutes on 2 busy cores)
     python scripts/mutants.py --fast     # the FAST subset, a few minutes (CI runs it)
     python scripts/mutants.py --only huge-row-barrier --only cuda-backward-margin
     python scripts/mutants.py --list
