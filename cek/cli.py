@@ -589,10 +589,8 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
     if paths is not None:
         with _progress(len(paths), "checking") as progress:
-            results = []
-            for path in paths:
-                results.append(kernel_paths.run(path, launch, label))
-                progress.advance()
+            results = kernel_paths.run_all(paths, launch, label,
+                                           on_path=lambda r: progress.advance())
     else:
         cases = check.plan(names, types, n_dims)
         with _progress(len(cases) * len(check.MARGINS), "checking") as progress:

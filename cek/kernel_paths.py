@@ -199,6 +199,22 @@ def run(path: KernelPath, launch: Callable, device: str = "cpu",
     return _result(kernel, device, path, margin, *check.compare(outputs, want, size, path.dtype))
 
 
+def run_all(paths: list[KernelPath], launch: Callable, device: str = "cpu",
+            on_path: Callable | None = None) -> list[check.CaseResult]:
+    """run() of each path, `on_path(result)` after each; a kernel that fails to run (a race or
+    an access out of bounds the sanitizer reports) is a check.CaseError naming the path."""
+    results = []
+    for path in paths:
+        try:
+            results.append(run(path, launch, device))
+        except RuntimeError as exc:
+            raise check.CaseError(f"{path.kernel} {path.dtype} {path.n_rows}x{path.n_dim} "
+                                  f"({path.what}): {exc}") from exc
+        if on_path is not None:
+            on_path(results[-1])
+    return results
+
+
 def _run_reduce(path: KernelPath, launch: Callable, device: str) -> check.CaseResult:
     kernel = CosineEmbeddingLossReduce.for_dtype(path.dtype)
     acc = dtypes.get(path.dtype).acc

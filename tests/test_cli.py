@@ -154,6 +154,7 @@ def test_check_sanitize_needs_the_emulator(run):
 def test_check_sanitize_without_widths_runs_every_path_of_the_test_suites_list(run,
                                                                                monkeypatch):
     from cek import check, kernel_paths
+    from cek.emulate.errors import KernelError
 
     ran = []
 
@@ -170,6 +171,15 @@ def test_check_sanitize_without_widths_runs_every_path_of_the_test_suites_list(r
     result = run("check", "--device", "cpu", "--sanitize", "address", "--kernel", "fused")
     assert ran == kernel_paths.paths(["fused"], DTYPE_NAMES, reduction=False)
     assert f"{len(ran)} passed, 0 failed" in result.stdout
+
+    def race(path, launch, device):
+        raise KernelError("kernels/cek_row.cuh:273: ThreadSanitizer: data race")
+
+    monkeypatch.setattr(kernel_paths, "run", race)
+    result = run("check", "--device", "cpu", "--sanitize", "thread", "--kernel", "backward")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "backward f32 5x1 (one block a row, 1 chunk pair a thread, one warp): " \
+        "kernels/cek_row.cuh:273: ThreadSanitizer: data race" in result.output
 
 
 @pytest.mark.emulator
