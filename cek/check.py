@@ -308,12 +308,14 @@ def summary(results: list[CaseResult]) -> str:
 
 
 def emulator_launcher(sanitize: str | None = None, schedule: str = "forward") -> Callable:
-    """launch(kernel, args) on the CPU emulator."""
+    """launch(kernel, args, grid=None) on the CPU emulator; `grid`, blocks for a keep kernel
+    (kernel.WaveGrid), fewer than its widest grid, so that a block takes several rows."""
     from cek import emulate
 
-    def launch(kernel: Kernel, args: tuple) -> None:
-        grid, block, smem = kernel.launch_config(*kernel.problem_size(args))
-        emulate.load(kernel, sanitize=sanitize, schedule=schedule)(grid, block, args, shared_mem=smem)
+    def launch(kernel: Kernel, args: tuple, grid: int | None = None) -> None:
+        widest, block, smem = kernel.launch_config(*kernel.problem_size(args))
+        emulate.load(kernel, sanitize=sanitize, schedule=schedule)(
+            widest if grid is None else (grid, 1, 1), block, args, shared_mem=smem)
 
     return launch
 
@@ -324,7 +326,8 @@ def gpu_launcher() -> Callable:
 
     cupy = gpu.require_cupy()
 
-    def launch(kernel: Kernel, args: tuple) -> None:
+    def launch(kernel: Kernel, args: tuple, grid: int | None = None) -> None:
+        # `grid` is the emulator's: a keep kernel's grid on a GPU is one wave of the device
         device_args = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
         gpu.launch(kernel, *device_args)
         for spec, host, dev in zip(kernel.args, args, device_args):

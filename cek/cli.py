@@ -217,7 +217,10 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     """Run kernels against the float64 reference; exit 1 on any mismatch.
 
     Each kernel, dtype and width runs at margins -0.5, 0 and 0.5 and is judged against the
-    float64 reference. max_rel_err is the largest |got - want| / max(|want|, size), size being 1
+    float64 reference. With --sanitize and no --n-dim, each kernel runs every path its rows
+    can take instead (row groups, one block a row, tailed and streamed rows, each with a huge
+    row; the split's pairs; the reduction's levels), each once, at the smallest problem that
+    reaches it. max_rel_err is the largest |got - want| / max(|want|, size), size being 1
     for a loss and, for a gradient, the terms it is the difference of (|p*x2| + |q*x1|): a
     half-precision gradient of 1e4 is exact to a few units, not to 1e-3. An element whose
     reference overflows the dtype (a float16 gradient of 65520 or more) passes only as an
@@ -228,9 +231,13 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
       cek check                       # GPU if present, else the CPU emulator
       cek check --device cpu --kernel fused --n-dim 768 --sanitize thread
     """
-    from cek import gpu
+    from cek import gpu, kernel_paths
 
     names, types = kernel_names or KERNEL_NAMES, _chosen(dtype_names, DTYPE_NAMES)
+    # Under a sanitizer without --n-dim: every path of each kernel (cek.kernel_paths), the
+    # reduction's too unless --kernel names some, each at its smallest problem.
+    paths = kernel_paths.paths(names, types, reduction=not kernel_names) \
+        if sanitize and not n_dims else None
     n_dims = n_dims or check.N_DIMS
     _check_widths(names, types, n_dims)  # the options first, then anything about devices
     if device == "auto":
@@ -245,10 +252,15 @@ def check_command(device, kernel_names, n_dims, n_rows, dtype_names, sanitize, a
     else:
         launch = check.emulator_launcher(sanitize=sanitize)
     label = "gpu" if device == "gpu" else f"cpu-emulator{'+' + sanitize if sanitize else ''}"
-    cases = check.plan(names, types, n_dims)
-    with _progress(len(cases) * len(check.MARGINS), "checking") as progress:
-        results = check.run_cases(cases, launch, label, n_rows,
-                                  on_case=lambda r: progress.advance())
+    if paths is not None:
+        with _progress(len(paths), "checking") as progress:
+            results = kernel_paths.run_all(paths, launch, label,
+                                           on_path=lambda r: progress.advance())
+    else:
+        cases = check.plan(names, types, n_dims)
+        with _progress(len(cases) * len(check.MARGINS), "checking") as progress:
+            results = check.run_cases(cases, launch, label, n_rows,
+                                      on_case=lambda r: progress.advance())
     rows = [vars(r) for r in results]
     failed = [r for r in rows if not r["passed"]]
     if as_json:

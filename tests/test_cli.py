@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import cek
 from conftest import sigint_as_a_terminal_sends_it
-from cek.cli import KERNEL_NAMES, main
+from cek.cli import DTYPE_NAMES, KERNEL_NAMES, main
 from cek.kernel import kernel_classes
 
 
@@ -150,6 +150,37 @@ def test_check_on_gpu_without_a_device_exits_1_and_says_so(run, monkeypatch):
 def test_check_sanitize_needs_the_emulator(run):
     result = run("check", "--device", "gpu", "--sanitize", "thread")
     assert result.exit_code == 2
+
+
+def test_check_sanitize_without_widths_runs_every_path_of_the_test_suites_list(run,
+                                                                               monkeypatch):
+    from cek import check, kernel_paths
+    from cek.emulate.errors import KernelError
+
+    ran = []
+
+    def record(path, launch, device):
+        ran.append(path)
+        return check.CaseResult(path.id, device, path.n_rows, path.n_dim, 0.25, 0, 0, True)
+
+    monkeypatch.setattr(kernel_paths, "run", record)
+    monkeypatch.setattr(check, "emulator_launcher", lambda sanitize=None: None)
+    result = run("check", "--device", "cpu", "--sanitize", "thread", "--dtype", "bf16")
+    assert result.exit_code == 0, result.output
+    assert ran == kernel_paths.paths(dtype_names=["bf16"])
+    ran.clear()
+    result = run("check", "--device", "cpu", "--sanitize", "address", "--kernel", "fused")
+    assert ran == kernel_paths.paths(["fused"], DTYPE_NAMES, reduction=False)
+    assert f"{len(ran)} passed, 0 failed" in result.stdout
+
+    def race(path, launch, device):
+        raise KernelError("kernels/cek_row.cuh:273: ThreadSanitizer: data race")
+
+    monkeypatch.setattr(kernel_paths, "run", race)
+    result = run("check", "--device", "cpu", "--sanitize", "thread", "--kernel", "backward")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "backward f32 5x1 (one block a row, 1 chunk pair a thread, one warp): " \
+        "kernels/cek_row.cuh:273: ThreadSanitizer: data race" in result.output
 
 
 @pytest.mark.emulator

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cek import check, dtypes, reference
+from cek import check, dtypes, kernel_paths, reference
 from cek.kernel import RowGroups, kernel_classes
 from oracle import KEPT, reference_on_scaled_copies
 
@@ -184,15 +184,43 @@ def test_nan_in_a_row_reaches_its_loss_and_gradient(emulator, dtype):
         assert np.isnan(values[:3]).all() and np.isfinite(values[3]).all()
 
 
+# Every path of every kernel (row groups, one block a row, tailed and streamed rows, each with a
+# huge row; the keep kernels' loops; the split's pairs; the reduction's levels) in float32 and
+# bfloat16, at the smallest problem that reaches it: cek.kernel_paths, which `cek check
+# --sanitize` runs too. A barrier missing between two uses of shared memory is a race the
+# emulator's schedule may hide and ThreadSanitizer names.
 @pytest.mark.emulator
 @pytest.mark.parametrize("sanitize", ["thread", "address"])
-@pytest.mark.parametrize("cls", KERNELS, ids=_id)
-def test_sanitizers_find_nothing_in_the_kernels(cls, sanitize):
+@pytest.mark.parametrize("path", kernel_paths.paths(), ids=lambda p: p.id)
+def test_sanitizers_find_nothing_in_the_kernels(path, sanitize):
     pytest.importorskip("cek.emulate")
-    launch = check.emulator_launcher(sanitize=sanitize)
-    for n_dim in (1, 33, 769):
-        inputs = _inputs(cls, 7, n_dim, seed=n_dim)
-        _assert_passes(check.run_case(cls.for_n_dim(n_dim), launch, "cpu", inputs, 0.0))
+    _assert_passes(kernel_paths.run(path, check.emulator_launcher(sanitize=sanitize)))
+
+
+def test_the_sanitized_paths_are_each_paths_smallest_problem():
+    """Each row kernel's path list names every path its tiling has, each at the narrowest row
+    that takes it (one element less takes another path), with a huge row in its problem."""
+    found = kernel_paths.paths()
+    for dtype in kernel_paths.DTYPES:
+        fused = {p.what: p.n_dim for p in found if p.kernel == "fused" and p.dtype == dtype}
+        assert "one block a row, streamed" in fused
+        assert any(w.startswith("row groups, a warp a row") for w in fused)
+        assert any(w.startswith("row groups, lanes of a warp") for w in fused)
+        assert sum(p.kernel == kernel_paths.REDUCE and p.dtype == dtype for p in found) == 3
+    tailed = [p for p in found if "an element past the chunks" in p.what]
+    assert {p.kernel for p in tailed} == {"backward", "forward", "fused", "backward-keep"}
+    for path in found:
+        if path.kernel == kernel_paths.REDUCE or kernel_classes()[path.kernel].first:
+            continue
+        cls = kernel_classes()[path.kernel]
+        kernel = cls.for_n_dim(path.n_dim, path.dtype)
+        what = kernel_paths.tiling(kernel, path.n_dim)
+        assert path.what.startswith(what)
+        if path.n_dim > 1:
+            narrower = cls.for_n_dim(path.n_dim - 1, path.dtype)
+            assert kernel_paths.tiling(narrower, path.n_dim - 1) != what, path
+        x1 = dtypes.to_float64(kernel_paths.inputs(path, kernel)["x1"], path.dtype)
+        assert (x1[-1] ** 2).sum() >= 2.0**64  # the last row takes the huge rows' branch
 
 
 @pytest.mark.emulator

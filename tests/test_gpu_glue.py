@@ -65,6 +65,36 @@ def _inputs(n, d, dtype, seed=0):
 _expected = expected_and_sizes
 
 
+# Rows that cycle through each branch of the loss and its gradient (cek_row_coeff,
+# cek_row_loss): label 1; label -1 with c above the margin, between 0 and the margin (where a
+# margin dropped, or read as 0, gives another loss and gradient), below both; a zero row (x1
+# and x2 zero: c = 0 and EPS alone keeps r finite); a label that is not +-1.
+BRANCH_ROWS = ("label 1", "above", "between", "below", "zero", "no label", "between")
+
+
+def _branch_rows(x1, margin, rng):
+    """(x1, x2, y): x2 at the cosine to x1 that each row's branch asks for (BRANCH_ROWS), of a
+    random length; x1 and x2 zero in a zero row."""
+    n, d = x1.shape
+    low, high = min(margin, 0.0), max(margin, 0.0)
+    cosines = {"above": high + 0.6 * (1 - high), "below": low - 0.6 * (1 + low),
+               "between": margin / 2 if margin else 0.3}
+    labels = {"label 1": 1.0, "zero": 1.0, "no label": 2.0}
+    x1, x2, y = x1.copy(), np.empty_like(x1), np.empty(n)
+    for r in range(n):
+        kind = BRANCH_ROWS[r % len(BRANCH_ROWS)]
+        u = x1[r] / np.linalg.norm(x1[r])
+        v = rng.standard_normal(d)
+        v -= (v @ u) * u
+        v /= np.linalg.norm(v)
+        c = cosines.get(kind, rng.uniform(-0.9, 0.9))
+        x2[r] = rng.uniform(0.5, 2.0) * np.sqrt(d) * (c * u + np.sqrt(1 - c * c) * v)
+        y[r] = labels.get(kind, -1.0)
+        if kind == "zero":
+            x1[r] = x2[r] = 0.0
+    return x1, x2, y
+
+
 def _close(got, want, dtype, kind, size=1.0):
     rtol, atol = TOLERANCES[dtype][kind]
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
@@ -90,7 +120,9 @@ def _grad(reduction, n, dtype):
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", list(CUPY_DTYPES))
 def test_cupy_path_matches_reference(standin, dtype, reduction):
-    x1, x2, y = _inputs(N, 33, CUPY_DTYPES[dtype], seed=1)
+    # every branch of the loss at margin 0.25 (BRANCH_ROWS), in the inputs' dtype
+    x1, x2, y = (a.astype(CUPY_DTYPES[dtype]) for a in _branch_rows(
+        _inputs(N, 33, np.float64, seed=1)[0], 0.25, np.random.default_rng(1)))
     c1, c2, cy = (standin.array(a) for a in (x1, x2, y))
     grad = _grad(reduction, N, CUPY_DTYPES[dtype])
     cgrad = standin.array(grad) if reduction == "none" else grad

@@ -6,8 +6,8 @@ import contextlib
 
 import numpy as np
 import pytest
-from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _close, _expected,  # noqa: F401
-                           _inputs, standin)
+from test_gpu_glue import (ONE_LAUNCH, N, REDUCTIONS, WIDTHS, _branch_rows,  # noqa: F401
+                           _close, _expected, _inputs, standin)
 
 pytestmark = pytest.mark.emulator
 torch = pytest.importorskip("torch")
@@ -46,8 +46,12 @@ def cuda(standin, monkeypatch):  # noqa: F811
     return standin
 
 
-def _torch_inputs(n, d, dtype, seed):
+def _torch_inputs(n, d, dtype, seed, margin=0.1):
+    """x1, x2 of `dtype` and float64 labels whose rows take each branch of the loss at
+    `margin` (test_gpu_glue.BRANCH_ROWS; at D = 1, where every cosine is +-1, random rows)."""
     x1, x2, y = _inputs(n, d, np.float64, seed)
+    if d > 1:
+        x1, x2, y = _branch_rows(x1, margin, np.random.default_rng(seed))
     dt = TORCH_DTYPES[dtype]
     return torch.from_numpy(x1).to(dt), torch.from_numpy(x2).to(dt), torch.from_numpy(y)
 
@@ -178,7 +182,7 @@ def test_forward_and_backward_ops(cuda, dtype, reduction, batched):
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
 @pytest.mark.parametrize("d", [256, 768, 65536])
 def test_row_widths(cuda, d, dtype):
-    x1, x2, y = _torch_inputs(3, d, dtype, seed=d)
+    x1, x2, y = _torch_inputs(3, d, dtype, seed=d, margin=-0.25)
     loss = _cuda.forward(x1, x2, y, -0.25, "mean")
     dx1, dx2 = _cuda.backward(torch.tensor(1.0, dtype=x1.dtype), x1, x2, y, -0.25, "mean")
     width = WIDTHS[d] if d <= 256 else None  # wider rows: the kernel's own BLOCK_SIZE rule
