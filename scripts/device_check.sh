@@ -231,7 +231,7 @@ grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 #    too; then the warm step, the calls again in one process, finds them compiled.
 step compile 58 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
     >"$OUT/compile.log" 2>&1
-step warm 10 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
+step warm 12 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
 
 # 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
@@ -242,6 +242,12 @@ step warm 10 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OU
 STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
 bench cek_768 40 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --kernel backward-keep $STEP
+# The training step at the shapes users run (`cek bench --preset users`: 16x768, 64x768,
+# 128x1024, 512x2048, 4096x768 and 8192x4096, float32 and bfloat16): cek.torch eager and from a
+# CUDA graph beside torch's eager step, with the launches and the peak memory of each. Without
+# torch.compile: each function, dtype and change of shape is a cold compile of some 15 s (six or
+# more here), which no step's budget holds; the last step compiles at 65536x768.
+bench users 35 --preset users --baseline torch,cek-torch,cek-torch-graph --repeat 100
 bench cek_4096 18 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
 bench cek_128 17 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
 # Few wide rows: the split's fused and forward pairs beside the one-block-per-row kernels, both
@@ -263,26 +269,20 @@ step gpu_tests 60 $PY -m pytest -v -n 8 --dist loadfile -m gpu -p no:cacheprovid
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
-# 5. The CuPy baseline at 65536x768 (cek again in the step: its speed-up is same-run; the sweep
-#    below has CuPy at the other widths).
-bench base_768 12 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
-    --repeat 100 --baseline cupy
-
-# 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
+# 5. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager (at 768 wide, 65104
+#    rows: CuPy's figures at the target shape). float32, then bfloat16, half the bytes: against
+#    CuPy in float32 and PyTorch in bfloat16; one step, one start-up.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 12 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
-    --plot "$OUT/bench_fused.png"
-# The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 11 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
-    --baseline cupy,torch
+bench sweep_fused 16 $DIMS --n-rows auto --kernel fused --dtype f32 --dtype bf16 --repeat 50 \
+    --baseline cupy,torch --plot "$OUT/bench_fused.png"
 bench sweep_fwd_bwd 14 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
-# One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 12 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
-    --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
-    --repeat 50 --baseline none
+# Its time, and the CuPy step's at 65536x768 and the sweep of one block per row against row
+# groups, went to the users' shapes above; by hand: `cek bench --n-dim 32 --n-dim 64 --n-dim 128
+# --n-dim 256 --n-rows auto --kernel forward --kernel forward-rows --kernel backward --kernel
+# backward-rows --baseline none`.
 
-# 7. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 in
+# 6. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 in
 #    float32 (its first compiles take tens of seconds each, a cold compile for each function and
 #    dtype: bfloat16 and the other shapes do not fit the budget; run them with `cek bench
 #    --n-dim 768 --n-rows 65536 --dtype bf16 --baseline torch-compile,cek-torch-compile`, and
