@@ -758,6 +758,10 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     assert {(r["kernel"], r["dtype"]) for r in rows if r["run"] == "cek_768"} == {
         (k, t) for k in ("fused", "forward", "backward", "backward-keep")
         for t in ("f32", "bf16")}
+    # the users' shapes: the preset's call, shrunk, torch's eager step and cek.torch's
+    assert {(r["provider"], r["reduction"], r["dtype"]) for r in rows if r["run"] == "users"} == {
+        (p, m, t) for p, m in (("cek", "none"), ("cek", "mean"), ("torch", "mean"),
+                               ("cek-torch", "mean")) for t in ("f32", "bf16")}
     # the keep kernel: the step's backward, its kept rows and its recomputed ones, cek alone
     assert {(r["provider"], r["reduction"]) for r in rows
             if r["run"] == "cek_768" and r["kernel"] == "backward-keep"} == {
@@ -793,7 +797,7 @@ def _shrunk(args: list[str]) -> list[str]:
     so too."""
     shapes, args = _compile_kernels().preset_args(args)
     if shapes:
-        args = ["--n-dim", "8", "--n-rows", "64", *args]
+        args = [*args, "--n-dim", "8", "--n-rows", "64"]
     rows = "2" if any(a.endswith("-split") for a in args) else "64"
     small = {"--n-dim": "8", "--n-rows": rows, "--repeat": "50"}
     return [small[args[i - 1]] if i and args[i - 1] in small else a for i, a in enumerate(args)]
