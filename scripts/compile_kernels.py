@@ -14,7 +14,8 @@ other in the warm step. --warm, in place of compiling, runs each
 bench call once in this process, so that any of CuPy's kernels and torch's still cold are
 compiled before any step is timed. --jobs: worker processes (default: one a CPU).
 
-The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines: each --kernel (fused
+The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines, a `--preset NAME`
+call taken as the calls of its shapes (plain_calls): each --kernel (fused
 by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with a split
 pair's second kernel, its first (split-sums); with the fused kernels, the reduction of their
 losses (a mean's second launch); with a cek.torch provider, the kernels a cek.torch training
@@ -42,6 +43,7 @@ CEK_TORCH_SPLIT_KERNELS = ("fused-split", "backward-keep-split", "forward-split"
                            "backward-split")
 # The rows of a warm call: enough for each provider's path, few enough to take no time.
 WARM_ROWS, SPLIT_ROWS = 64, 256
+MIN_REPEAT = 50  # the fewest repetitions `cek bench --repeat` takes
 
 
 def script_lines(script: str) -> list[str]:
@@ -68,8 +70,40 @@ def _values(args: list[str], option: str, default: list[str]) -> list[str]:
     return found or default
 
 
+def preset_args(args: list[str]) -> tuple[list[tuple[int, int]], list[str]]:
+    """((N, D) of each shape, the other arguments) of a `cek bench --preset NAME` call, as
+    `cek bench` expands it from cek.bench.PRESETS: the preset's shapes and kernels, its dtypes
+    and baselines where the call gives no --dtype or --baseline of its own. A call without
+    --preset: no shapes, its arguments as they are."""
+    from cek.bench import PRESETS
+
+    at = args.index("--preset") if "--preset" in args[:-1] else None
+    if at is None:
+        return [], list(args)
+    preset, rest = PRESETS[args[at + 1]], [*args[:at], *args[at + 2:]]
+    rest += [a for name in preset["kernels"] for a in ("--kernel", name)]
+    if "--dtype" not in rest:
+        rest += [a for dtype in preset["dtypes"] for a in ("--dtype", dtype)]
+    if "--baseline" not in rest:
+        rest += ["--baseline", ",".join(preset["baselines"])]
+    return list(preset["shapes"]), rest
+
+
+def plain_calls(args: list[str]) -> list[list[str]]:
+    """A `cek bench` call as calls without --preset: a preset's, one a shape (--n-dim D
+    --n-rows N); any other, itself."""
+    shapes, rest = preset_args(args)
+    if not shapes:
+        return [rest]
+    return [["--n-dim", str(n_dim), "--n-rows", str(n_rows), *rest] for n_rows, n_dim in shapes]
+
+
 def kernels_of(args: list[str]) -> set[tuple[str, str, int]]:
     """(kernel short name, dtype, n_dim) of everything a `cek bench` call launches."""
+    return set().union(*map(_kernels_of_plain, plain_calls(args)))
+
+
+def _kernels_of_plain(args: list[str]) -> set[tuple[str, str, int]]:
     from cek.bench import CEK_TORCH_PROVIDERS
 
     from cek import bench
@@ -128,25 +162,44 @@ def selected(script: str, every: bool) -> list:
 
 def warm_calls(script: str) -> list[list[str]]:
     """`cek bench` arguments that run each bench call of the script at WARM_ROWS rows (its own
-    count up to SPLIT_ROWS: whether a few wide rows split depends on it), repeated once, without
-    torch.compile's baselines (their compiles are the last step's to time), output unused."""
-    calls = []
-    for args in bench_calls(script):
-        args = list(args)
-        for i, arg in enumerate(args[:-1]):
-            value = args[i + 1]
-            if arg == "--n-rows":
-                if value == "auto" or int(value) > SPLIT_ROWS:
-                    args[i + 1] = str(WARM_ROWS)
-            elif arg == "--repeat":
-                args[i + 1] = "1"
-            elif arg == "--baseline":
-                kept = [b for b in value.split(",") if "compile" not in b]
-                args[i + 1] = ",".join(kept) or "none"
-            elif arg == "--plot":
-                args[i:i + 2] = ["", ""]
-        calls.append([a for a in args if a])
-    return calls
+    count up to SPLIT_ROWS: whether a few wide rows split depends on it; a preset's call, each
+    of its shapes so, those at the same rows in one call), repeated as few times as `cek bench`
+    takes, without torch.compile's baselines (their compiles are the last step's to time),
+    output unused."""
+    return [call for line in bench_calls(script)
+            for call in _merged([_warm(args) for args in plain_calls(line)])]
+
+
+def _warm(args: list[str]) -> list[str]:
+    """One plain `cek bench` call made a warm one (warm_calls)."""
+    args = [*args, *([] if "--repeat" in args else ["--repeat", str(MIN_REPEAT)])]
+    for i, arg in enumerate(args[:-1]):
+        value = args[i + 1]
+        if arg == "--n-rows":
+            if value == "auto" or int(value) > SPLIT_ROWS:
+                args[i + 1] = str(WARM_ROWS)
+        elif arg == "--repeat":
+            args[i + 1] = str(MIN_REPEAT)
+        elif arg == "--baseline":
+            kept = [b for b in value.split(",") if "compile" not in b]
+            args[i + 1] = ",".join(kept) or "none"
+        elif arg == "--plot":
+            args[i:i + 2] = ["", ""]
+    return [a for a in args if a]
+
+
+def _merged(calls: list[list[str]]) -> list[list[str]]:
+    """Calls that differ in their widths alone as one call of every width, in the first one's
+    place (a preset's shapes at the same rows: one call, not one a shape)."""
+    merged: dict[tuple, list[str]] = {}
+    for args in calls:
+        widths = _values(args, "--n-dim", [])
+        rest = [a for i, a in enumerate(args)
+                if a != "--n-dim" and (i == 0 or args[i - 1] != "--n-dim")]
+        known = merged.setdefault(tuple(rest), [])
+        known += [d for d in widths if d not in known]
+    return [[*(a for d in widths for a in ("--n-dim", d)), *rest]
+            for rest, widths in merged.items()]
 
 
 def warm_one(args: list[str]) -> str:

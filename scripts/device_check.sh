@@ -7,7 +7,8 @@
 #   env.txt        preflight: what differs from what CI tests (a torch below pyproject.toml's
 #                  floor), GPU, C compiler, imports, a tiny CuPy compile + launch, versions
 #                  (CuPy's NVRTC and cek's among them)
-#   compile.log    every kernel instance, the bench steps' first, compiled by CuPy in parallel
+#   compile.log    every kernel instance, the bench steps' first (a preset's: those of each of
+#                  its shapes), compiled by CuPy in parallel
 #                  on every CPU core into its disk cache, before any step is timed; then CuPy's
 #                  own kernels, each bench call run once at a few rows in a worker of its own
 #   warm.log       each bench call run once at a few rows, in one process: what is still cold
@@ -20,13 +21,15 @@
 #                  each step and when the run ends, however it ends (a TERM or INT included)
 #   bench_fused.png  (where matplotlib is installed)
 # Order, what a first run needs first: cek doctor, the preflight, the compile of every kernel and
-# the warm-up; cek at the target shapes (fused alone and as a mean, forward, backward, the keep
-# kernel kept and recomputing, and a training step through cek.torch, eager and from a CUDA
-# graph, beside torch's eager step), and the few wide rows both ways; the gpu tier
-# (its CLI bench test, the slowest, deselected: the steps here run that bench); the baselines and
-# the sweeps; torch.compile last (its first compiles take tens of seconds; first_s in its rows is
-# that time). Each step has a timeout; the timeouts, and each one's KILL_AFTER_S, add up to less
-# than the 8-minute budget.
+# the warm-up; cek at 65536x768 (fused alone and as a mean, forward, backward, the keep kernel
+# kept and recomputing, and a training step through cek.torch, eager and from a CUDA graph,
+# beside torch's eager step); then that training step at the shapes users run (`cek bench
+# --preset users`: 16x768 to 8192x4096, float32 and bfloat16, eager and from a CUDA graph,
+# beside torch's eager step, without torch.compile), the other target shapes, and the few wide
+# rows both ways; the gpu tier (its CLI bench test, the slowest, deselected: the steps here run
+# that bench); the sweeps against CuPy and PyTorch; torch.compile last (its first compiles take
+# tens of seconds; first_s in its rows is that time). Each step has a timeout; the timeouts, and
+# each one's KILL_AFTER_S, add up to less than the 8-minute budget.
 # `cek bench` writes each row as soon as it is timed, so a step killed by its timeout keeps the
 # rows it timed, and the summary is written whatever the steps did. A step that ignores the
 # timeout's TERM is killed KILL_AFTER_S (3) seconds later. The run itself may be stopped at any
@@ -37,7 +40,8 @@
 #
 # --rehearse runs every step, in order, on a machine without a GPU: each Python command goes
 # through scripts/rehearse.py, which runs it here (cek bench on the CuPy stand-in and the
-# emulator at small shapes, the compile step listing its kernels and timing NVRTC on a few) and
+# emulator at small shapes, a preset's widths each made small, the compile step listing its
+# kernels and timing NVRTC on a few) and
 # fails a step that launches a kernel the compile step did not compile, or whose modelled time
 # on the GPU machine does not fit its timeout (rehearsal.log). Its own steps may take up to
 # REHEARSE_LIMIT_S (240) each here.
@@ -231,7 +235,7 @@ grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 #    too; then the warm step, the calls again in one process, finds them compiled.
 step compile 58 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
     >"$OUT/compile.log" 2>&1
-step warm 10 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
+step warm 12 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
 
 # 3. cek at the target shapes (each step times the copy first), float32 and bfloat16: the fused
 #    kernel alone and as a mean (fused, then the reduction of its losses), and a training step
@@ -242,6 +246,13 @@ step warm 10 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OU
 STEP="--baseline cek-torch,cek-torch-graph,torch --dtype f32 --dtype bf16 --repeat 100"
 bench cek_768 40 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
     --kernel backward-keep $STEP
+# The training step at the shapes users run (`cek bench --preset users`: 16x768, 64x768,
+# 128x1024, 512x2048, 4096x768 and 8192x4096, float32 and bfloat16): cek.torch eager and from a
+# CUDA graph beside torch's eager step, with the launches and the peak memory of each. Without
+# torch.compile: each compiled function, dtype and change of shape is a cold compile of tens of
+# seconds (two functions, two dtypes, six shapes: several here), which no step's share of the
+# budget holds; the last step compiles at 65536x768.
+bench users 35 --preset users --baseline torch,cek-torch,cek-torch-graph --repeat 100
 bench cek_4096 18 --n-dim 4096 --n-rows 8192 --kernel fused $STEP
 bench cek_128 17 --n-dim 128 --n-rows 1048576 --kernel fused $STEP
 # Few wide rows: the split's fused and forward pairs beside the one-block-per-row kernels, both
@@ -263,26 +274,20 @@ step gpu_tests 60 $PY -m pytest -v -n 8 --dist loadfile -m gpu -p no:cacheprovid
     --deselect tests/test_bench.py::test_bench_runs_checks_and_writes_json \
     >"$OUT/gpu_tests.log" 2>&1
 
-# 5. The CuPy baseline at 65536x768 (cek again in the step: its speed-up is same-run; the sweep
-#    below has CuPy at the other widths).
-bench base_768 12 --n-dim 768 --n-rows 65536 --kernel fused --kernel forward --kernel backward \
-    --repeat 100 --baseline cupy
-
-# 6. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager.
+# 5. The sweep: N*D ~ 5e7 at each width, against CuPy and PyTorch eager (at 768 wide, 65104
+#    rows: CuPy's figures at the target shape). float32, then bfloat16, half the bytes: against
+#    CuPy in float32 and PyTorch in bfloat16; one step, one start-up.
 DIMS="--n-dim 64 --n-dim 128 --n-dim 384 --n-dim 768 --n-dim 1024 --n-dim 4096 --n-dim 16384"
-bench sweep_fused 12 $DIMS --n-rows auto --kernel fused --repeat 50 --baseline cupy,torch \
-    --plot "$OUT/bench_fused.png"
-# The same in bfloat16, half the bytes: against CuPy in float32 and PyTorch in bfloat16.
-bench sweep_fused_bf16 11 $DIMS --n-rows auto --kernel fused --dtype bf16 --repeat 50 \
-    --baseline cupy,torch
+bench sweep_fused 16 $DIMS --n-rows auto --kernel fused --dtype f32 --dtype bf16 --repeat 50 \
+    --baseline cupy,torch --plot "$OUT/bench_fused.png"
 bench sweep_fwd_bwd 14 $DIMS --n-rows auto --kernel forward --kernel backward --repeat 50 \
     --baseline cupy,torch
-# One block per row against row groups, where they differ (rows of at most 256 floats).
-bench sweep_rows 12 --n-dim 32 --n-dim 64 --n-dim 128 --n-dim 256 --n-rows auto \
-    --kernel forward --kernel forward-rows --kernel backward --kernel backward-rows \
-    --repeat 50 --baseline none
+# Its time, and the CuPy step's at 65536x768 and the sweep of one block per row against row
+# groups, went to the users' shapes above; by hand: `cek bench --n-dim 32 --n-dim 64 --n-dim 128
+# --n-dim 256 --n-rows auto --kernel forward --kernel forward-rows --kernel backward --kernel
+# backward-rows --baseline none`.
 
-# 7. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 in
+# 6. torch.compile last: torch's training step and cek.torch's under it, at 65536x768 in
 #    float32 (its first compiles take tens of seconds each, a cold compile for each function and
 #    dtype: bfloat16 and the other shapes do not fit the budget; run them with `cek bench
 #    --n-dim 768 --n-rows 65536 --dtype bf16 --baseline torch-compile,cek-torch-compile`, and

@@ -47,6 +47,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also where imported by its path
+from compile_kernels import preset_args  # noqa: E402
 from rehearse_costs import (cpu_seconds, cupy_seconds, gpu_tier_references,  # noqa: E402
                             nvrtc_seconds, torch_compile_seconds, worker_start)
 
@@ -89,7 +90,14 @@ _launching = [0]  # inside a stand-in launch: the emulator's NumPy is no CuPy ke
 
 def shrunk(args: list[str]) -> list[str]:
     """`cek bench` arguments made small: each --n-dim its own small width, --n-rows 64 (2 where a
-    split kernel runs), --repeat 50."""
+    split kernel runs), --repeat 50. A preset's call (`--preset NAME`) becomes a call of each of
+    its widths, as compile_kernels.py expands it, at those rows: its widest shapes are never
+    emulated."""
+    shapes, args = preset_args(args)
+    if shapes:
+        widths = dict.fromkeys(n_dim for _, n_dim in shapes)
+        args = [*(a for n_dim in widths for a in ("--n-dim", str(n_dim))), "--n-rows", ROWS,
+                *args]
     rows = SPLIT_ROWS if any(a.endswith("-split") for a in args) else ROWS
     out = list(args)
     for i in range(1, len(out)):

@@ -277,6 +277,10 @@ def test_the_steps_come_in_the_order_a_first_run_needs():
     # as a mean) and the training step through cek.torch, eager and from a CUDA graph, beside
     # torch's eager step; no torch.compile.
     first = [(name, args) for name, _, args in calls if name.startswith("cek_")]
+    # the training step at the users' shapes right after the first of them: its figures are
+    # what users run (test_the_users_step_times_the_step_at_their_shapes_without_compiling)
+    assert names[3:5] == ["cek_768", "users"]
+    del names[4]
     assert [name for name, _ in first] == names[3:3 + len(first)]
     assert {(_option(a, "--n-dim")[0], _option(a, "--n-rows")[0]) for _, a in first} == {
         ("768", "65536"), ("4096", "8192"), ("128", "1048576")}
@@ -373,6 +377,118 @@ def test_every_bench_call_parses(monkeypatch, tmp_path, name, limit, args):
     assert "no CUDA device" in result.stderr, result.stderr
 
 
+def _cli_calls(monkeypatch, args: list[str]) -> list[tuple]:
+    """(kernels, n_rows, n_dim, providers, dtype) of each run_bench call `cek bench ARGS` makes,
+    with a device and CUDA planted and nothing timed."""
+    import torch
+
+    from cek import bench, gpu
+    from cek.cli import main
+
+    calls = []
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, dtype, **callbacks):
+        calls.append((tuple(kernels), n_rows, n_dim, tuple(providers), dtype))
+        return [], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA graphs: cek-torch-graph
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code == 0, result.output
+    return calls
+
+
+def test_the_users_step_times_the_step_at_their_shapes_without_compiling(monkeypatch):
+    """The users step is `cek bench --preset users` (its shapes, both dtypes) with torch's eager
+    step and cek.torch's, eager and from a CUDA graph, and no torch.compile: each function,
+    dtype and shape would be a cold compile of seconds. Its timeout, taken from the sweeps, is
+    the largest of the timed steps after cek_768's and the last one's."""
+    from cek.bench import PRESETS
+
+    steps = {name: (limit, args) for name, limit, args in _bench_calls()}
+    limit, args = steps["users"]
+    assert _option(args, "--preset") == ["users"] and "--dtype" not in args
+    assert _baselines(args) == "torch,cek-torch,cek-torch-graph"
+    calls = _cli_calls(monkeypatch, args)
+    assert [(n, d, t) for _, n, d, _, t in calls] == [
+        (n, d, t) for t in PRESETS["users"]["dtypes"] for n, d in PRESETS["users"]["shapes"]]
+    assert {providers for _, _, _, providers, _ in calls} == {
+        ("cek", "torch", "cek-torch", "cek-torch-graph")}
+    others = [lim for name, (lim, _) in steps.items() if name not in ("cek_768", "torch_compile")]
+    assert limit >= 35 and limit == max(others)
+    assert {"base_768", "sweep_fused_bf16", "sweep_rows"}.isdisjoint(steps)  # its budget
+
+
+def test_a_preset_is_expanded_as_cek_bench_expands_it(monkeypatch):
+    """compile_kernels.py reads a `--preset` call as the calls of its shapes, from the table
+    cek bench reads (cek.bench.PRESETS): run through cek bench, those calls time what the preset
+    call times, row for row, with its own --dtype and --baseline kept."""
+    compile_kernels = _compile_kernels()
+    for args in (["--preset", "users"],
+                 ["--preset", "users", "--dtype", "bf16", "--baseline", "torch,cek-torch"]):
+        want = _cli_calls(monkeypatch, args)
+        got = [c for plain in compile_kernels.plain_calls(args)
+               for c in _cli_calls(monkeypatch, plain)]
+        assert sorted(got, key=str) == sorted(want, key=str) and len(want) >= 6
+
+
+def test_the_compile_step_covers_the_users_presets_kernels():
+    """Every kernel the users step launches (its step through cek.torch at each of the
+    preset's widths and dtypes: the fused kernel and its reduction, the keep kernel, and the
+    custom ops' rows kernels) is in the compile step's list, before the other kernels."""
+    from cek.bench import PRESETS
+
+    compile_kernels = _compile_kernels()
+    args = next(args for name, _, args in _bench_calls() if name == "users")
+    want = {(name, dtype, n_dim) for _, n_dim in PRESETS["users"]["shapes"]
+            for dtype in PRESETS["users"]["dtypes"]
+            for name in ("fused", "reduce", "backward-keep", "forward-rows", "backward-rows")}
+    assert compile_kernels.kernels_of(args) == want
+    ids = {k.id for k in compile_kernels.kernels_for(SCRIPT.read_text())}
+    assert {(CosineEmbeddingLossReduce if name == "reduce" else kernel_classes()[name])
+            .for_n_dim(n_dim, dtype).id for name, dtype, n_dim in want} <= ids
+    assert "cosine_embedding_loss_backward_keep__bf16__2048" in ids  # the users' alone
+
+
+def test_the_rehearsal_shrinks_a_presets_shapes(monkeypatch, tmp_path):
+    """Rehearsed, the users step runs each of the preset's widths small, at a few rows (never
+    8192 x 4096 on the emulator), with the preset's kernels, dtypes and the step's baselines;
+    each launch is recorded at its real width."""
+    from cek import gpu
+    from cek.bench import PRESETS
+    from cek.cli import main
+
+    rehearse = script_module("rehearse")
+    args = next(args for name, _, args in _bench_calls() if name == "users")
+    small = rehearse.shrunk(args)
+    assert "--preset" not in small and _option(small, "--n-rows") == ["64"]
+    widths = [int(d) for d in _option(small, "--n-dim")]
+    assert max(widths) < 64
+    assert [rehearse._real_of[d] for d in widths] == list(dict.fromkeys(
+        d for _, d in PRESETS["users"]["shapes"]))
+    assert _option(small, "--dtype") == list(PRESETS["users"]["dtypes"])
+    assert _option(small, "--kernel") == list(PRESETS["users"]["kernels"])
+    assert _baselines(small) == _baselines(args)
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = CliRunner().invoke(main, ["bench", *small])
+    assert result.exit_code == 1 and "no CUDA device" in result.stderr, result.output
+
+
+def test_every_warm_call_parses(monkeypatch):
+    """The warm calls (the compile step's and the warm step's) are `cek bench` calls: each must
+    get past its options, or it warms nothing on the GPU machine."""
+    from cek import gpu
+    from cek.cli import main
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    for args in _compile_kernels().warm_calls(SCRIPT.read_text()):
+        result = CliRunner().invoke(main, ["bench", *args])
+        assert result.exit_code == 1 and "no CUDA device" in result.stderr, (args, result.output)
+
+
 def test_every_kernel_is_compiled_before_the_first_timed_step_and_the_gpu_tier_names_its_tests():
     """The compile step takes every kernel instance (the gpu tier's whatever its widths) on
     every core, the warm step runs each bench call before timing, and the gpu tier runs in
@@ -390,7 +506,7 @@ def test_every_kernel_is_compiled_before_the_first_timed_step_and_the_gpu_tier_n
     # the warm calls: few rows, once, no torch.compile (its compiles are its own step's figure)
     for args in compile_kernels.warm_calls(SCRIPT.read_text()):
         assert all(int(rows) <= 256 for rows in _option(args, "--n-rows"))
-        assert _option(args, "--repeat") == ["1"] and "--plot" not in args
+        assert _option(args, "--repeat") == ["50"] and "--plot" not in args  # cek bench's least
         assert "compile" not in ",".join(_option(args, "--baseline"))
 
 
@@ -435,7 +551,9 @@ def test_the_compile_step_compiles_cupys_own_kernels_after_ceks(monkeypatch, cap
     assert compile_kernels.main([str(SCRIPT), "--all", "--jobs", "16"]) == 0
     calls = compile_kernels.warm_calls(SCRIPT.read_text())
     assert done == [("cek", len(compile_kernels.every_kernel()), 16), ("cupy", calls, 16)]
-    assert len(calls) == len(_bench_calls())
+    # a call a bench step; the users preset's shapes, a call for each count of rows they are
+    # warmed at: 16, 128 and WARM_ROWS (64, and the wider shapes cut to it)
+    assert len(calls) == len(_bench_calls()) + 2
 
 
 def test_a_step_modelled_over_two_thirds_of_its_timeout_fails(tmp_path, monkeypatch):
@@ -640,6 +758,10 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
     assert {(r["kernel"], r["dtype"]) for r in rows if r["run"] == "cek_768"} == {
         (k, t) for k in ("fused", "forward", "backward", "backward-keep")
         for t in ("f32", "bf16")}
+    # the users' shapes: the preset's call, shrunk, torch's eager step and cek.torch's
+    assert {(r["provider"], r["reduction"], r["dtype"]) for r in rows if r["run"] == "users"} == {
+        (p, m, t) for p, m in (("cek", "none"), ("cek", "mean"), ("torch", "mean"),
+                               ("cek-torch", "mean")) for t in ("f32", "bf16")}
     # the keep kernel: the step's backward, its kept rows and its recomputed ones, cek alone
     assert {(r["provider"], r["reduction"]) for r in rows
             if r["run"] == "cek_768" and r["kernel"] == "backward-keep"} == {
@@ -671,7 +793,11 @@ def test_a_run_with_a_slow_and_a_hanging_provider_keeps_its_figures(tmp_path):
 
 def _shrunk(args: list[str]) -> list[str]:
     """`cek bench` arguments at one small width: every --n-dim 8, --n-rows 64 (2 where a split
-    kernel runs: 1024-thread blocks, slow to emulate), --repeat 50."""
+    kernel runs: 1024-thread blocks, slow to emulate), --repeat 50; a preset's call, its shapes
+    so too."""
+    shapes, args = _compile_kernels().preset_args(args)
+    if shapes:
+        args = [*args, "--n-dim", "8", "--n-rows", "64"]
     rows = "2" if any(a.endswith("-split") for a in args) else "64"
     small = {"--n-dim": "8", "--n-rows": rows, "--repeat": "50"}
     return [small[args[i - 1]] if i and args[i - 1] in small else a for i, a in enumerate(args)]
