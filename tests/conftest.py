@@ -73,3 +73,26 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(no_gpu)
         if item.get_closest_marker("emulator") and shutil.which("g++") is None:
             item.add_marker(no_gxx)
+
+
+def bench_calls(monkeypatch, args: list[str]) -> list[tuple]:
+    """(kernels, n_rows, n_dim, providers, dtype) of each run_bench call `cek bench ARGS` makes,
+    with a device and CUDA planted and nothing timed."""
+    import torch
+    from click.testing import CliRunner
+
+    from cek import bench, gpu
+    from cek.cli import main
+
+    calls = []
+
+    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, dtype, **callbacks):
+        calls.append((tuple(kernels), n_rows, n_dim, tuple(providers), dtype))
+        return [], []
+
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA graphs: cek-torch-graph
+    monkeypatch.setattr(bench, "run_bench", run_bench)
+    result = CliRunner().invoke(main, ["bench", *args])
+    assert result.exit_code == 0, result.output
+    return calls

@@ -8,6 +8,7 @@ import sys
 import types
 
 import fake_cupy
+from conftest import bench_calls
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -703,21 +704,7 @@ def test_the_users_preset_times_the_step_at_the_users_shapes(monkeypatch):
     """--preset users: the fused kernel's training step at the six shapes, float32 and bfloat16,
     beside torch eager and torch.compile, through cek.torch eager, compiled and from a CUDA
     graph; --dtype and --baseline still choose."""
-    import torch
-
-    from cek import gpu
-
-    calls = []
-
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, dtype, **callbacks):
-        calls.append((tuple(kernels), n_rows, n_dim, tuple(providers), dtype))
-        return [], []
-
-    monkeypatch.setattr(gpu, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA graphs: cek-torch-graph
-    monkeypatch.setattr(bench, "run_bench", run_bench)
-    result = CliRunner().invoke(main, ["bench", "--preset", "users"])
-    assert result.exit_code == 0, result.output
+    calls = bench_calls(monkeypatch, ["--preset", "users"])
     shapes = [(16, 768), (64, 768), (128, 1024), (512, 2048), (4096, 768), (8192, 4096)]
     providers = ("cek", "torch", "torch-compile", "cek-torch", "cek-torch-graph",
                  "cek-torch-compile")
@@ -726,10 +713,8 @@ def test_the_users_preset_times_the_step_at_the_users_shapes(monkeypatch):
     fused = kernel_classes()["fused"]
     assert all(bench.reductions(fused.for_n_dim(d, t), p, n, d) == ("mean",)
                for _, n, d, _, t in calls for p in providers[1:])
-    calls.clear()
-    result = CliRunner().invoke(main, ["bench", "--preset", "users", "--dtype", "bf16",
-                                       "--baseline", "torch,cek-torch"])
-    assert result.exit_code == 0, result.output
+    calls = bench_calls(monkeypatch, ["--preset", "users", "--dtype", "bf16",
+                                      "--baseline", "torch,cek-torch"])
     assert calls == [(("fused",), n, d, ("cek", "torch", "cek-torch"), "bf16") for n, d in shapes]
 
 

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import kernel_classes
-from conftest import script_module
+from conftest import bench_calls, script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "device_check.sh"
@@ -377,28 +377,6 @@ def test_every_bench_call_parses(monkeypatch, tmp_path, name, limit, args):
     assert "no CUDA device" in result.stderr, result.stderr
 
 
-def _cli_calls(monkeypatch, args: list[str]) -> list[tuple]:
-    """(kernels, n_rows, n_dim, providers, dtype) of each run_bench call `cek bench ARGS` makes,
-    with a device and CUDA planted and nothing timed."""
-    import torch
-
-    from cek import bench, gpu
-    from cek.cli import main
-
-    calls = []
-
-    def run_bench(kernels, n_rows, n_dim, providers, repeat, margin, dtype, **callbacks):
-        calls.append((tuple(kernels), n_rows, n_dim, tuple(providers), dtype))
-        return [], []
-
-    monkeypatch.setattr(gpu, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA graphs: cek-torch-graph
-    monkeypatch.setattr(bench, "run_bench", run_bench)
-    result = CliRunner().invoke(main, ["bench", *args])
-    assert result.exit_code == 0, result.output
-    return calls
-
-
 def test_the_users_step_times_the_step_at_their_shapes_without_compiling(monkeypatch):
     """The users step is `cek bench --preset users` (its shapes, both dtypes) with torch's eager
     step and cek.torch's, eager and from a CUDA graph, and no torch.compile: each function,
@@ -410,7 +388,7 @@ def test_the_users_step_times_the_step_at_their_shapes_without_compiling(monkeyp
     limit, args = steps["users"]
     assert _option(args, "--preset") == ["users"] and "--dtype" not in args
     assert _baselines(args) == "torch,cek-torch,cek-torch-graph"
-    calls = _cli_calls(monkeypatch, args)
+    calls = bench_calls(monkeypatch, args)
     assert [(n, d, t) for _, n, d, _, t in calls] == [
         (n, d, t) for t in PRESETS["users"]["dtypes"] for n, d in PRESETS["users"]["shapes"]]
     assert {providers for _, _, _, providers, _ in calls} == {
@@ -427,9 +405,9 @@ def test_a_preset_is_expanded_as_cek_bench_expands_it(monkeypatch):
     compile_kernels = _compile_kernels()
     for args in (["--preset", "users"],
                  ["--preset", "users", "--dtype", "bf16", "--baseline", "torch,cek-torch"]):
-        want = _cli_calls(monkeypatch, args)
+        want = bench_calls(monkeypatch, args)
         got = [c for plain in compile_kernels.plain_calls(args)
-               for c in _cli_calls(monkeypatch, plain)]
+               for c in bench_calls(monkeypatch, plain)]
         assert sorted(got, key=str) == sorted(want, key=str) and len(want) >= 6
 
 
