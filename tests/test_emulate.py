@@ -5,7 +5,9 @@ checks that the emulator names it (with the .cu file and line where it has one).
 """
 
 import concurrent.futures
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from oracle import expected_rows  # noqa: E402
 pytestmark = pytest.mark.emulator
 
 PLANTED = Path(__file__).resolve().parent / "planted"
+ROOT = PLANTED.parent.parent
 MATRIX = ("n_rows", "n_dim")
 
 
@@ -361,3 +364,37 @@ def test_16_bit_conversions_round_as_numpy_does(dtype):
     same = (widened.view(np.uint32) == want_wide.view(np.uint32)) | (
         np.isnan(widened) & np.isnan(want_wide))
     assert same.all(), np.argwhere(~same)[:3]
+
+
+# -- reading the line tables: the paths of g++'s copies of one source line ---------------------
+
+def _check_backward_rows_at_one(env):
+    """`cek check` of the backward-rows kernel at D = 1, where g++ copies the code between two
+    tests of one condition into both branches, so converged lanes reach two copies of one
+    shuffle: one site of the source, which only the line tables tell."""
+    return subprocess.run(
+        [sys.executable, "-m", "cek", "check", "--device", "cpu", "--kernel", "backward-rows",
+         "--n-dim", "1", "--dtype", "f32"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True,
+        text=True, timeout=600)
+
+
+def test_copies_of_one_shuffle_pass_without_addr2line(tmp_path):
+    """Where addr2line cannot be run (a toolchain whose binutils have prefixed names), the copies
+    are not known to differ: the kernel passes, as it does on a GPU, rather than being reported
+    as a divergent shuffle."""
+    fake = tmp_path / "addr2line"
+    fake.write_text("#!/bin/sh\nexit 127\n")
+    fake.chmod(0o755)
+    done = _check_backward_rows_at_one({"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "divergent" not in done.stdout + done.stderr
+
+
+def test_copies_of_one_shuffle_pass_from_a_cache_path_with_a_quote(tmp_path):
+    """The line tables are read without a shell between: a quote in the cache's path (a home
+    folder such as /home/o'brien) is a path like any other."""
+    cache = tmp_path / "o'brien"
+    done = _check_backward_rows_at_one({"CEK_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "divergent" not in done.stdout + done.stderr

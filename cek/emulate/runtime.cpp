@@ -6,13 +6,16 @@
 // Built once per flavour (plain, CEK_TSAN, CEK_ASAN) and linked into every kernel library. It is
 // not instrumented itself: it only tells the sanitizers about fibers and synchronisation.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "prelude.h"
@@ -215,6 +218,33 @@ __attribute__((always_inline)) static inline void call_path(Path* path) {
     }
 }
 
+extern char** environ;
+
+// addr2line's output for `address` in `library`, read through a pipe; nullptr when it cannot be
+// started. No shell between: a library path may hold any character (a quote in a home folder).
+static FILE* addr2line(const char* library, unsigned long address, pid_t* child) {
+    char hex[32];
+    snprintf(hex, sizeof hex, "%lx", address);
+    int ends[2];
+    if (pipe(ends) != 0) return nullptr;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, ends[1], 1);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addclose(&actions, ends[0]);
+    posix_spawn_file_actions_addclose(&actions, ends[1]);
+    char* argv[] = {const_cast<char*>("addr2line"), const_cast<char*>("-i"),
+                    const_cast<char*>("-e"), const_cast<char*>(library), hex, nullptr};
+    const int failed = posix_spawnp(child, "addr2line", &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(ends[1]);
+    if (failed) {
+        close(ends[0]);
+        return nullptr;
+    }
+    return fdopen(ends[0], "r");
+}
+
 // The kernel source lines of one return address, innermost first ("a.cuh:243;b.cu:92;"), from
 // the library's line tables (addr2line -i); "" where they cannot be read. Cached by address.
 struct SourceLines {
@@ -234,12 +264,12 @@ static const char* source_lines(void* pc) {
     if (entry) entry->pc = pc;
     Dl_info info;
     if (!dladdr(pc, &info) || !info.dli_fname) return text;
-    char command[4200];
     // One byte back: the return address is the instruction after the call.
-    snprintf(command, sizeof command, "addr2line -i -e '%s' %lx 2>/dev/null", info.dli_fname,
-             static_cast<unsigned long>(static_cast<char*>(pc) - 1 -
-                                        static_cast<char*>(info.dli_fbase)));
-    FILE* out = popen(command, "r");
+    pid_t child;
+    FILE* out = addr2line(info.dli_fname,
+                          static_cast<unsigned long>(static_cast<char*>(pc) - 1 -
+                                                     static_cast<char*>(info.dli_fbase)),
+                          &child);
     if (!out) return text;
     char line[1024];
     size_t used = 0;
@@ -259,7 +289,9 @@ static const char* source_lines(void* pc) {
             text[used++] = *c;
         text[used] = 0;
     }
-    pclose(out);
+    fclose(out);
+    int status;
+    waitpid(child, &status, 0);
     return text;
 }
 
@@ -271,13 +303,17 @@ static bool text_equal(const char* a, const char* b) {
 // Two paths of different addresses can still be one path of the source: g++ copies code that
 // lies between two tests of one condition into both branches (jump threading), so threads that
 // the source keeps together reach two copies of a shuffle. They are one site when every address
-// names the same source lines; a helper called from two lines is two sites either way.
+// names the same source lines; a helper called from two lines is two sites either way. Where
+// the lines of an address cannot be read (no addr2line on the PATH, a library without line
+// tables), the two are not known to differ: the site is its source line alone, as it was before
+// paths, rather than a divergence reported in a correct kernel.
 static bool same_source(const Path& a, const Path& b) {
     if (a.depth != b.depth) return false;
     for (int i = 0; i < a.depth; ++i) {
         if (a.pc[i] == b.pc[i]) continue;
         const char* lines = source_lines(a.pc[i]);
-        if (!lines[0] || !text_equal(lines, source_lines(b.pc[i]))) return false;
+        const char* other = source_lines(b.pc[i]);
+        if (lines[0] && other[0] && !text_equal(lines, other)) return false;
     }
     return true;
 }
