@@ -262,6 +262,30 @@ def test_export_with_a_dynamic_batch(strict):
                                    atol=TOLERANCES[torch.float32][1])
 
 
+class _TensorMargin(torch.nn.Module):
+    """The loss with its margin a 0-d tensor attribute (a margin schedule's state)."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function, self.margin = function, torch.tensor(0.2)
+
+    def forward(self, a, b, t):
+        return self.function(a, b, t, self.margin)
+
+
+def test_non_strict_export_of_a_tensor_margin():
+    """A tensor margin under non-strict torch.export (its default): the program gives torch's
+    value. (cek's call of its uncompiled path found itself still "compiling" there and handed
+    the call back to that path: RecursionError.)"""
+    x1, x2, target = _inputs(5, 8, seed=0)
+    x1, x2 = x1.float(), x2.float()
+    got, want = (torch.export.export(_TensorMargin(LOSSES[which][0]), (x1, x2, target),
+                                     strict=False).module()(x1, x2, target)
+                 for which in ("cek", "torch"))
+    torch.testing.assert_close(got, want, rtol=TOLERANCES[torch.float32][0],
+                               atol=TOLERANCES[torch.float32][1])
+
+
 # -- the docs' table --------------------------------------------------------------------------
 
 HEADER = ("| compiled step (`fullgraph=True` unless said) | CPU tensors: torch | cek "

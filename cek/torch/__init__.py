@@ -72,7 +72,12 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if type(margin) is not float and isinstance(margin, torch.Tensor) \
             and torch.compiler.is_compiling():  # (a float first: isinstance on Tensor is slow)
-        return _tensor_margin(input1, input2, target, margin, reduction=reduction)
+        return _tensor_margin(input1, input2, target, margin, reduction)
+    return _loss(input1, input2, target, margin, reduction)
+
+
+def _loss(input1, input2, target, margin, reduction):
+    """The loss of checked tensors (the public function's arguments past its first checks)."""
     device_type = input1.device.type
     autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
     if autocast:
@@ -93,7 +98,9 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
 # torch.compiler.disable, which imports torch._dynamo (a second of import time, and dynamo's
 # table of torch's functions, which cek.torch.patch() must see built before it patches): this
 # wrapper imports it at its first call, which comes from a compiling frame, where it is loaded.
-_tensor_margin = torch._disable_dynamo(cosine_embedding_loss)
+# It runs `_loss`, not the public function: under a non-strict torch.export the process stays
+# "compiling" inside it, and the public function would hand the call back here without end.
+_tensor_margin = torch._disable_dynamo(_loss)
 
 
 class CosineEmbeddingLoss(torch.nn.Module):
