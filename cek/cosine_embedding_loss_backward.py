@@ -1,7 +1,8 @@
 """CosineEmbeddingLossBackward: the Kernel for kernels/cosine_embedding_loss_backward.cu."""
 
 from cek import dtypes
-from cek.kernel import Arg, Kernel
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
 from cek.tiling import SM_THREADS, RowGroups, WaveGrid
 
 ROW = ("n_rows",)

@@ -2,7 +2,8 @@
 
 from cek import dtypes
 from cek.cosine_embedding_loss_backward import ROW
-from cek.kernel import Arg, Kernel
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
 from cek.tiling import _dims3, _is_int
 
 THREADS = 1024

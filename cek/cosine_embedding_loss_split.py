@@ -16,7 +16,8 @@ from cek import dtypes, split_model
 from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.kernel import Arg, Kernel
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
 from cek.tiling import WaveGrid, _is_int, register_path_width
 
 THREADS = 1024
