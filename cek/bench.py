@@ -61,11 +61,11 @@ import numpy as np
 
 import cek
 from cek import check, dtypes, gpu, reference
-# The providers and what each times; PROVIDERS, present, reductions and cupy_math are imported
-# from here too.
+# The providers and what each times; PROVIDERS, present, reductions, chosen and cupy_math are
+# imported from here too.
 from cek.bench_providers import (CEK_TORCH_PROVIDERS, KEEP_CASES, KEEP_RECOMPUTE_DY,
                                  KEPT_SENTINEL, PROVIDERS, TORCH_PROVIDERS, _peak_since,
-                                 _step_start, _torch_or_none, cupy_math, present,
+                                 _step_start, _torch_or_none, chosen, cupy_math, present,
                                  providers_for, reductions)
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes

@@ -19,10 +19,11 @@ import numpy as np
 from cek import dtypes
 from cek.kernel_args import Arg, _arg_dtype, _arg_plan, _size_positions, address, c_scalar
 from cek.sources import load_kernel_source
-# the launch's shape, mirrored from kernels/cek_row.cuh
-from cek.tiling import (GROUPED_THREADS, MAX_BLOCKS_PER_SM, MAX_THREADS, SM_LIMITS, SM_THREADS,
-                        TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, _dims3, _is_int,
-                        next_power_of_two, register_path_width, sm_limits)
+# the launch's shape, mirrored from kernels/cek_row.cuh (all of it importable from here too)
+from cek.tiling import (GROUPED_16_BIT_SIZE, GROUPED_THREADS, MAX_BLOCKS_PER_SM,
+                        MAX_GROUPED_CHUNKS, MAX_GROUPED_SIZE, MAX_THREADS, SM_LIMITS, SM_THREADS,
+                        TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, WaveGrid, _dims3,
+                        _is_int, next_power_of_two, register_path_width, sm_limits)
 
 
 _REGISTRY: dict[str, type["Kernel"]] = {}
