@@ -16,7 +16,7 @@ _LAZY = ("bench", "check", "cli", "compile", "cpu", "cpu_native", "dtypes", "emu
          "sources", "torch", "validate")
 # The public names of the package, and the module each comes from.
 _NAMES = {
-    "Arg": "kernel",
+    "Arg": "kernel_args",
     "CosineEmbeddingLossBackward": "cosine_embedding_loss_backward",
     "CosineEmbeddingLossBackwardKeep": "cosine_embedding_loss_backward",
     "CosineEmbeddingLossBackwardRows": "cosine_embedding_loss_backward",

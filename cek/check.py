@@ -309,7 +309,7 @@ def summary(results: list[CaseResult]) -> str:
 
 def emulator_launcher(sanitize: str | None = None, schedule: str = "forward") -> Callable:
     """launch(kernel, args, grid=None) on the CPU emulator; `grid`, blocks for a keep kernel
-    (kernel.WaveGrid), fewer than its widest grid, so that a block takes several rows."""
+    (tiling.WaveGrid), fewer than its widest grid, so that a block takes several rows."""
     from cek import emulate
 
     def launch(kernel: Kernel, args: tuple, grid: int | None = None) -> None:

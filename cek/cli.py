@@ -318,7 +318,7 @@ def _n_rows_value(ctx, param, value: str) -> int | str:
 
 
 def _baselines_value(ctx, param, value: str) -> list[str]:
-    from cek.bench import PROVIDERS
+    from cek.bench_providers import PROVIDERS
 
     names = [] if value == "none" else [b.strip() for b in value.split(",") if b.strip()]
     unknown = sorted(set(names) - set(PROVIDERS[1:]))
@@ -475,7 +475,7 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
       cek bench --n-dim 768 --dtype f32 --dtype bf16 --baseline cupy,torch --json
       cek bench --preset users --json-file users.json
     """
-    from cek import bench, gpu
+    from cek import bench, bench_providers, gpu
 
     shapes = _bench_shapes(preset, n_dims, n_rows)
     if preset is not None:
@@ -493,7 +493,7 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
         raise click.ClickException(f"no CUDA device{_no_device_why(gpu)}, and bench times GPU "
                                    "kernels only; `cek check --device cpu` and `cek compile` "
                                    "work without one")
-    providers = bench.present(["cek", *baselines])
+    providers = bench_providers.present(["cek", *baselines])
     if {"torch", "torch-compile"} & (set(baselines) - set(providers)):
         click.echo("torch is not installed: the torch and torch-compile baselines are skipped",
                    err=True)

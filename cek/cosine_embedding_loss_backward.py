@@ -1,7 +1,9 @@
 """CosineEmbeddingLossBackward: the Kernel for kernels/cosine_embedding_loss_backward.cu."""
 
 from cek import dtypes
-from cek.kernel import SM_THREADS, Arg, Kernel, RowGroups, WaveGrid
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
+from cek.tiling import SM_THREADS, RowGroups, WaveGrid
 
 ROW = ("n_rows",)
 MATRIX = ("n_rows", "n_dim")

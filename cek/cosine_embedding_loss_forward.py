@@ -1,7 +1,9 @@
 """CosineEmbeddingLossForward: the Kernel for kernels/cosine_embedding_loss_forward.cu."""
 
 from cek.cosine_embedding_loss_backward import MATRIX, ROW
-from cek.kernel import Arg, Kernel, RowGroups
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
+from cek.tiling import RowGroups
 
 
 class CosineEmbeddingLossForward(Kernel):

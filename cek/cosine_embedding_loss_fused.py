@@ -2,7 +2,9 @@
 
 from cek import dtypes
 from cek.cosine_embedding_loss_backward import MATRIX, ROW, upstream
-from cek.kernel import Arg, Kernel, RowGroups
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
+from cek.tiling import RowGroups
 
 
 class CosineEmbeddingLossFused(RowGroups, Kernel):

@@ -2,7 +2,9 @@
 
 from cek import dtypes
 from cek.cosine_embedding_loss_backward import ROW
-from cek.kernel import Arg, Kernel, _dims3, _is_int
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
+from cek.tiling import _dims3, _is_int
 
 THREADS = 1024
 CHUNKS = 8  # CEK_REDUCE_CHUNKS: 16-byte chunks a thread has in flight a trip

@@ -16,7 +16,9 @@ from cek import dtypes, split_model
 from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.kernel import Arg, Kernel, WaveGrid, _is_int, register_path_width
+from cek.kernel import Kernel
+from cek.kernel_args import Arg
+from cek.tiling import WaveGrid, _is_int, register_path_width
 
 THREADS = 1024
 ONE_BLOCK_MAX_N_DIM = 1 << 20  # the widest row of the one-block-per-row kernels

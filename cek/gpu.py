@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cek.compile import LOADER_OPTIONS, CompileError, nvrtc_wheel
-from cek.kernel import WARP, Kernel
+from cek.kernel import Kernel
 from cek.occupancy import SmLimits, occupancy_on
+from cek.tiling import WARP
 
 NO_DEVICE_HINT = "`cek check --device cpu` and `cek compile` work without one"
 # cek is installed from a checkout, so the extras are named on the checkout ('.[cuda12]'), and
@@ -197,7 +198,7 @@ def _launch_checked(cupy, kernel, options, grid, block, cast, shared_mem, stream
 def launch(kernel: Kernel, *args, stream=None) -> tuple:
     """Check `args`, take the kernel's own launch configuration, and launch on `stream`
     (default: CuPy's current stream; any object with CuPy's `ptr` of a stream will do). A
-    kernel with a wave grid (kernel.WaveGrid: the keep kernels) gets the grid of one wave of
+    kernel with a wave grid (tiling.WaveGrid: the keep kernels) gets the grid of one wave of
     the current device. Returns the (grid, block, shared_mem) it launched with."""
     cupy = require_cupy()
     cast = kernel.check_args(args, (cupy.ndarray,))

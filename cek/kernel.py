@@ -12,94 +12,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from cek import dtypes
+from cek.kernel_args import Arg, _arg_dtype, _arg_plan, _size_positions, address, c_scalar
 from cek.sources import load_kernel_source
-
-# Mirrors of the constants in kernels/cek_row.cuh.
-WARP = 32
-MAX_THREADS = 1024
-TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: 513 floats, 1025 16-bit values and up
-MAX_GROUPED_CHUNKS = 64  # row groups: the fused kernel and the *_rows variants
-MAX_GROUPED_SIZE = 256  # ... and rows of at most 256 elements (CEK_MAX_GROUPED_SIZE)
-GROUPED_16_BIT_SIZE = 1024  # ... and 16-bit rows of 513..1024 (CEK_GROUPED_16_BIT_SIZE)
-GROUPED_THREADS = 256
-TAIL_THREADS = 672  # blocks of 672 fit three an SM, where 704 or 736 fit two
-SM_THREADS = 2048  # resident threads an sm_80 or sm_90 SM holds
-MAX_BLOCKS_PER_SM = 32
-
-
-# Resident threads and blocks an SM holds, by the lowest __CUDA_ARCH__ they hold from (highest
-# first): what ptxas takes __launch_bounds__' blocks an SM against. A value of more blocks, or
-# of more threads, is "out of range" and ignored with a warning (NVRTC 13.5: sm_75 and sm_107
-# 1024 and 16; sm_86 to sm_88 1536 and 16; sm_89, sm_110, sm_120 and sm_121 1536 and 24; the
-# rest 2048 and 32). sm_101, NVRTC 12.9's name for what 13.0 calls sm_110, is taken to be sm_110.
-SM_LIMITS = ((1100, 1536, 24), (1070, 1024, 16), (1030, 2048, 32), (1010, 1536, 24),
-             (1000, 2048, 32), (900, 2048, 32), (890, 1536, 24), (860, 1536, 16), (800, 2048, 32),
-             (750, 1024, 16), (700, 2048, 32))
-
-
-def sm_limits(arch: int) -> tuple[int, int]:
-    """(threads, blocks) resident on an SM of `arch` (__CUDA_ARCH__: 800 for sm_80)."""
-    for lowest, threads, blocks in SM_LIMITS:
-        if arch >= lowest:
-            return threads, blocks
-    raise ValueError(f"arch must be 700 (sm_70) or later, got {arch}")
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One kernel argument: its name, its C type and, for a pointer, the shape it points to.
-
-    `ctype` is "int", or written in the kernel's element type T and accumulation type A
-    ("T*", "A*", "A"); `Kernel.c_type` and `Kernel.arg_dtype` resolve them for one dtype.
-    `shape` names the int arguments that give each dimension, e.g. ("n_rows", "n_dim").
-    An `optional` pointer may be None, which the kernel sees as nullptr. A `derived` pointer's
-    shape is no product of int arguments (a workspace of the split kernels): the kernel class
-    gives it (`Kernel.derived_shape`), and `shape` only names what it depends on. A pointer
-    with a `stride` names the int argument that says how it is read: 1, an array of `shape`;
-    0, one value read for every row (a mean's 0-d upstream gradient, read in place).
-    """
-
-    name: str
-    ctype: str
-    shape: tuple[str, ...] = ()
-    output: bool = False
-    optional: bool = False
-    derived: bool = False
-    stride: str | None = None
-    align: int = 0  # bytes its address must be a multiple of, beyond its element's (0: none)
-
-    @functools.cached_property  # asked several times per argument on every launch
-    def is_pointer(self) -> bool:
-        return self.ctype.endswith("*")
-
-
-def register_path_width(dtype: str) -> int:
-    """The widest row one block holds in registers (CekTiling::STREAMED above it): 4096 chunks,
-    2048 for 2-byte types, whose conversions need registers too; 16384 elements, 8192 doubles."""
-    d = dtypes.get(dtype)
-    return (4096 if d.array.itemsize >= 4 else 2048) * d.vec
-
-
-def next_power_of_two(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _dims3(value) -> tuple | None:
-    """A grid or block given as an int or a sequence of up to 3, as (x, y, z); None if neither."""
-    dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    if not 1 <= len(dims) <= 3 or not all(_is_int(d) for d in dims):
-        return None
-    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+# the launch's shape, mirrored from kernels/cek_row.cuh (all of it importable from here too)
+from cek.tiling import (GROUPED_16_BIT_SIZE, GROUPED_THREADS, MAX_BLOCKS_PER_SM,
+                        MAX_GROUPED_CHUNKS, MAX_GROUPED_SIZE, MAX_THREADS, SM_LIMITS, SM_THREADS,
+                        TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, WaveGrid, _dims3,
+                        _is_int, next_power_of_two, register_path_width, sm_limits)
 
 
 _REGISTRY: dict[str, type["Kernel"]] = {}
@@ -507,92 +431,6 @@ class Kernel:
         return tuple(sizes[s] for s in spec.shape)
 
 
-class RowGroups:
-    """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
-    up to 64 chunks and 256 elements per row, and 16-bit rows of 513..1024 (four chunk pairs a
-    lane), GROUP lanes of a warp own a row (min(32, chunks), half the chunks for float and
-    16-bit rows of 2..32 chunks: two pairs a lane) and a 256-thread block holds
-    256 / GROUP rows. Wider rows keep one block per row."""
-
-    launch_contract: ClassVar[str]  # _row_groups_contract below
-
-    @property
-    def grouped(self) -> bool:
-        return (self.row_chunks <= MAX_GROUPED_CHUNKS and self.block_size <= MAX_GROUPED_SIZE) or (
-            dtypes.get(self.dtype).array.itemsize == 2 and self.block_size == GROUPED_16_BIT_SIZE)
-
-    @property
-    def max_threads(self) -> int:
-        """The block size the entry point promises in __launch_bounds__: row groups always run
-        256 threads, which lets ptxas use more registers (at 1024 it spilled on sm_80)."""
-        return GROUPED_THREADS if self.grouped else super().max_threads
-
-    @property
-    def chunks_held(self) -> int:
-        return self.row_chunks // self.group if self.grouped else super().chunks_held
-
-    @property
-    def runs_twin_code(self) -> bool:
-        """True for a variant whose rows are too wide for row groups: it runs its twin's device
-        code (backward-rows with the upstream gradient's stride and scale as arguments, where
-        the backward kernel has them as constants; tests/test_nvrtc.py compiles every class at
-        each code path's width)."""
-        return self.twin is not None and not self.grouped
-
-    @property
-    def group(self) -> int:
-        """Lanes per row on the row-group path: min(32, chunks), but half the chunks (two chunk
-        pairs a lane) for float and 16-bit rows of 2..32 chunks (CekTiling::GROUP)."""
-        if 2 <= self.row_chunks <= WARP and dtypes.get(self.dtype).array.itemsize in (2, 4):
-            return self.row_chunks // 2
-        return min(WARP, self.row_chunks)
-
-    def _grid_and_block(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple]:
-        if not self.grouped:
-            return super()._grid_and_block(n_rows, n_dim)
-        rows_per_block = GROUPED_THREADS // self.group
-        return (math.ceil(n_rows / rows_per_block), 1, 1), (GROUPED_THREADS, 1, 1)
-
-
-class WaveGrid:
-    """Mixin of the keep kernels: the block of the kernel it extends, and a grid of at most one
-    wave. Where one block a row (a row group, a slice) would have `most` blocks, G blocks with
-    1 <= G <= most each take an even share of them, so that a launch whose work is mostly
-    nothing (an upstream gradient of 1: every row kept) costs a wave of blocks, not N. The
-    results do not depend on G: each row is computed by one block (or group) as it would be
-    alone. The launchers take G = min(most, blocks_per_sm * SMs), the blocks of this kernel
-    that one SM of the device holds at once (cek.gpu.resident_blocks: the device's limits and
-    the compiled function's registers), so that one wave runs them all on any arch."""
-
-    wave_grid = True
-
-    def launch_config(self, n_rows: int, n_dim: int, sms: int | None = None,
-                      blocks_per_sm: int | None = None):
-        """(grid, block, shared_mem); without `sms` (the device's multiprocessors) the grid is
-        the widest one, a block for each row (row group, slice). `blocks_per_sm` defaults to
-        min_blocks, what __launch_bounds__ keeps resident on an SM of 2048 threads and 64K
-        registers (sm_80, sm_90; an sm_75 SM holds half the threads)."""
-        (most, _, _), block, shared_mem = super().launch_config(n_rows, n_dim)
-        if sms is not None:
-            per_sm = self.min_blocks if blocks_per_sm is None else blocks_per_sm
-            for name, value in (("sms", sms), ("blocks_per_sm", per_sm)):
-                if not _is_int(value) or value < 1:
-                    raise ValueError(f"{name} must be a positive int, got {value!r}")
-            most = min(most, int(per_sm) * int(sms))
-        return (most, 1, 1), block, shared_mem
-
-    def check_launch(self, grid, block, n_rows: int, n_dim: int) -> None:
-        """ValueError unless block is launch_config's and grid is [G, 1, 1], 1 <= G <= the
-        widest grid: fewer blocks only take more rows each."""
-        (most, _, _), want_block, _ = self.launch_config(n_rows, n_dim)
-        got_grid, got_block = _dims3(grid), _dims3(block)
-        if got_block != want_block or got_grid is None or got_grid[1:] != (1, 1) or \
-                not 1 <= got_grid[0] <= most:
-            raise ValueError(
-                f"{self.id}: grid {grid!r}, block {block!r}: launch_config({n_rows}, {n_dim}) "
-                f"takes block {want_block} and grid [G, 1, 1] with 1 <= G <= {most}")
-
-
 # -- the launch contract in words, from the code above ---------------------------------------
 
 def _spans(values: list[tuple[int, int]]) -> str:
@@ -686,57 +524,3 @@ def _source(kernel: Kernel) -> str:
 @functools.lru_cache(maxsize=None)
 def _cache_key(kernel: Kernel) -> str:
     return hashlib.sha256(_source(kernel).encode()).hexdigest()
-
-
-def address(array) -> int:
-    """Where an array's data starts: a CuPy array's device pointer, a NumPy array's address."""
-    pointer = getattr(getattr(array, "data", None), "ptr", None)
-    return int(pointer) if pointer is not None else int(array.__array_interface__["data"][0])
-
-
-_FLOAT_MAX = float(np.finfo(np.float32).max)
-
-
-def c_scalar(c_type: type, value) -> Any:
-    """`value` as the kernel's C type (a NumPy scalar type). A finite float beyond float32's
-    range becomes an infinity of its sign, as the kernel's float arithmetic would make it,
-    without NumPy's overflow warning (an exception under `-W error`)."""
-    # Compared as a Python float: a NumPy float16 scalar would cast the bound to float16 (an
-    # infinity, with the same warning) before comparing.
-    if c_type is np.float32 and not -_FLOAT_MAX <= float(value) <= _FLOAT_MAX:
-        with np.errstate(over="ignore"):
-            return c_type(value)
-    return c_type(value)
-
-
-def _arg_dtype(dtype: str, arg: Arg) -> np.dtype:
-    if arg.ctype == "int":
-        return np.dtype(np.int32)
-    d = dtypes.get(dtype)
-    return d.array if arg.ctype.startswith("T") else d.acc
-
-
-# check_args runs on every launch: what it needs of a class's `args` (a ClassVar) for one dtype
-# is worked out once. Scalars: (position, name, is an int, C type); pointers: (position, Arg,
-# dtype, which of the shapes, None for a derived one, the position of its stride argument or
-# None); shapes: the positions of the int arguments giving each distinct shape (the kernels
-# have two: [N, D] and [N]).
-@functools.lru_cache(maxsize=None)
-def _arg_plan(kernel_class: type[Kernel], dtype: str) -> tuple[tuple, tuple, tuple]:
-    args = kernel_class.args
-    at = {spec.name: i for i, spec in enumerate(args)}
-    scalars = tuple((i, spec.name, spec.ctype == "int", _arg_dtype(dtype, spec).type)
-                    for i, spec in enumerate(args) if not spec.is_pointer)
-    shapes = tuple(dict.fromkeys(tuple(at[s] for s in spec.shape) for spec in args
-                                 if spec.is_pointer and not spec.derived))
-    pointers = tuple((i, spec, _arg_dtype(dtype, spec),
-                      None if spec.derived else shapes.index(tuple(at[s] for s in spec.shape)),
-                      None if spec.stride is None else at[spec.stride])
-                     for i, spec in enumerate(args) if spec.is_pointer)
-    return scalars, pointers, shapes
-
-
-@functools.lru_cache(maxsize=None)
-def _size_positions(kernel_class: type[Kernel]) -> tuple[int, int]:
-    names = [spec.name for spec in kernel_class.args]
-    return names.index("n_rows"), names.index("n_dim")

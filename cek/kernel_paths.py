@@ -25,7 +25,8 @@ import numpy as np
 from cek import check, dtypes
 from cek import cosine_embedding_loss_split as split
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
-from cek.kernel import GROUPED_THREADS, WARP, Kernel, RowGroups, WaveGrid, kernel_classes
+from cek.kernel import Kernel, kernel_classes
+from cek.tiling import GROUPED_THREADS, WARP, RowGroups, WaveGrid
 
 DTYPES = ("f32", "bf16")  # a float and a 16-bit type: the sanitizer test's
 REDUCE = "reduce"  # the reduction's name in this list (it has no `cek list` name)

@@ -167,6 +167,7 @@ def measured_issue(dtype: str) -> Issue:
     from cek import report, sass
     from cek.compile import compile_kernel
     from cek.kernel import kernel_classes
+    from cek.sass_parse import load_width, parse
 
     n_rows, n_dim = MEASURED_AT
     per_byte = {}
@@ -177,14 +178,14 @@ def measured_issue(dtype: str) -> Issue:
         per_byte[name] = row["sass"]["instructions"] * threads / kernel.bytes_moved(n_rows, n_dim)
     kernel = kernel_classes()["fused"].for_n_dim(n_dim, dtype)
     marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu", l2_reads=report.L2_READS)
-    blocks = sass.parse(sass.disassemble(compile_kernel(kernel, "sm_90").cubin))
+    blocks = parse(sass.disassemble(compile_kernel(kernel, "sm_90").cubin))
     path = sass.ordinary_path(blocks, marks)
     index = {id(b): n for n, b in enumerate(blocks)}
     loops = [[i for b in loop for i in b]
              for loop in sass._loops(blocks, [index[id(b)] for b in path])]
 
     def moved(code, base):
-        return sum(sass.load_width(i.opcode) // 8 for i in code if i.base == base)
+        return sum(load_width(i.opcode) // 8 for i in code if i.base == base)
 
     # The main loops move the most bytes a trip: the sums' loads only, the gradients' stores too.
     first = max((c for c in loops if moved(c, "STG") == 0), key=lambda c: moved(c, "LDG"))

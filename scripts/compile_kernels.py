@@ -104,10 +104,9 @@ def kernels_of(args: list[str]) -> set[tuple[str, str, int]]:
 
 
 def _kernels_of_plain(args: list[str]) -> set[tuple[str, str, int]]:
-    from cek.bench import CEK_TORCH_PROVIDERS
-
     from cek import bench
     from cek import cosine_embedding_loss_split as split
+    from cek.bench_providers import CEK_TORCH_PROVIDERS
     from cek.kernel import kernel_classes
 
     names = _values(args, "--kernel", ["fused"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cek import bench, check, dtypes, reference
+from cek import bench, bench_providers, check, dtypes, reference
 from cek.cli import main
 from cek.kernel import kernel_classes
 
@@ -430,13 +430,13 @@ def test_bench_command_writes_json_and_a_table(standin, tmp_path):
 
 def _off_by_one(monkeypatch):
     """The CuPy baseline's per-row loss made wrong by 1; its gradients stay right."""
-    right = bench.cupy_math
+    right = bench_providers.cupy_math
 
     def wrong(*args, **kwargs):
         loss, dx1, dx2 = right(*args, **kwargs)
         return loss + 1, dx1, dx2
 
-    monkeypatch.setattr(bench, "cupy_math", wrong)
+    monkeypatch.setattr(bench_providers, "cupy_math", wrong)
 
 
 @pytest.mark.emulator
@@ -483,7 +483,7 @@ def test_nothing_timed_and_a_raising_baseline_still_report(standin, monkeypatch)
     def broken(*args, **kwargs):
         raise FloatingPointError("no")
 
-    monkeypatch.setattr(bench, "cupy_math", broken)
+    monkeypatch.setattr(bench_providers, "cupy_math", broken)
     rows, failures = bench.run_bench(["forward"], 64, 8, ["cek", "cupy"], 50, log=lambda m: None)
     assert failures == ["cosine_embedding_loss_forward__f32__8 cupy 64x8: raised "
                         "FloatingPointError: no, not timed"]
@@ -806,7 +806,7 @@ def test_launches_and_memory_reach_the_json_and_the_table(standin, monkeypatch, 
     # whatever runs after a reset peaks 12345 bytes above what was held at the reset
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
                         lambda: held.update(peak=held["now"] + 12345))
-    monkeypatch.setattr(bench, "present", lambda wanted: ["cek", "torch", "cek-torch"])
+    monkeypatch.setattr(bench_providers, "present", lambda wanted: ["cek", "torch", "cek-torch"])
 
     def step_counts(torch, run):
         before = len(standin.launches)

@@ -29,13 +29,13 @@ from torch.utils.dlpack import to_dlpack
 
 from cek import cosine_embedding_loss_split as split
 from cek import gpu, validate
-from cek.kernel import c_scalar
 from cek.cosine_embedding_loss_backward import (CosineEmbeddingLossBackwardKeep,
                                                 CosineEmbeddingLossBackwardRows)
 from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.cosine_embedding_loss_reduce import THREADS as REDUCE_THREADS
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+from cek.kernel_args import c_scalar
 
 KERNEL_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
                   torch.float64: "f64"}
