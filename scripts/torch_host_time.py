@@ -33,6 +33,7 @@ import fake_cupy  # noqa: E402
 
 import cek.torch as ct  # noqa: E402
 from cek import gpu  # noqa: E402
+from cek.torch import _cuda  # noqa: E402
 
 F = torch.nn.functional
 N, D = 4, 8
@@ -76,6 +77,9 @@ def cuda_path():
         compiled = _Compiled()
         patch.setattr(gpu, "get_function", _REAL_GET_FUNCTION)
         patch.setattr(gpu, "_functions", compiled)
+        # No launch plan of an earlier caller in this process (a test run before): each holds
+        # the function it launches, found without gpu._functions, whose launches are counted.
+        patch.setattr(_cuda, "_plans", {})
         patch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
         patch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         patch.setattr(ct, "_PLAIN", (*ct._PLAIN, CudaLike))
