@@ -222,7 +222,7 @@ export OUT PY
 # cek doctor first: the GPU path's facts, one launch against the CPU path, each problem's fix,
 # each line written as it is known (a cold torch import, CUDA's start, a few NVRTC compiles and
 # the CPU path's g++ build come before the launch's line).
-step doctor 22 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
+step doctor 12 $PY -m cek doctor >"$OUT/doctor.txt" 2>&1
 
 # 1. Preflight: a missing piece is named in the first seconds, here and in env.txt.
 step preflight 17 bash -c preflight >"$OUT/env.txt" 2>&1
@@ -233,7 +233,7 @@ grep -E "^(DIFFERS|MISSING)" "$OUT/env.txt"
 #    step waits on NVRTC; then each bench call once at a few rows, a worker each on every core,
 #    so that CuPy's own kernels (the baselines' math, cek's glue, the checks) are compiled there
 #    too; then the warm step, the calls again in one process, finds them compiled.
-step compile 58 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
+step compile 44 $PY scripts/compile_kernels.py scripts/device_check.sh --all \
     >"$OUT/compile.log" 2>&1
 step warm 12 $PY scripts/compile_kernels.py scripts/device_check.sh --warm >"$OUT/warm.log" 2>&1
 
@@ -293,7 +293,7 @@ bench sweep_fwd_bwd 14 $DIMS --n-rows auto --kernel forward --kernel backward --
 #    --n-dim 768 --n-rows 65536 --dtype bf16 --baseline torch-compile,cek-torch-compile`, and
 #    at 4096 x 8192 and 128 x 1048576). Its compile time is first_s in its rows; whatever it
 #    does, it can cost no other figure.
-bench torch_compile 60 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 \
+bench torch_compile 84 --n-dim 768 --n-rows 65536 --kernel fused --dtype f32 \
     --repeat 100 --baseline torch-compile,cek-torch-compile
 
 # The summary, whatever the steps did: every step's rows in one bench.json.
