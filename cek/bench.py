@@ -60,14 +60,13 @@ from typing import Callable
 import numpy as np
 
 import cek
-from cek import check, dtypes, gpu, reference
+from cek import check, dtypes, gpu, plan, reference
 # The providers and what each times; PROVIDERS, present, reductions, chosen and cupy_math are
 # imported from here too.
 from cek.bench_providers import (CEK_TORCH_PROVIDERS, KEEP_CASES, KEEP_RECOMPUTE_DY,
                                  KEPT_SENTINEL, PROVIDERS, TORCH_PROVIDERS, _peak_since,
                                  _step_start, _torch_or_none, chosen, cupy_math, present,
                                  providers_for, reductions)
-from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes
 
 CHECK_ROWS = 2048  # rows compared with the float64 reference before timing ...
@@ -229,7 +228,8 @@ def bytes_moved(kernel: Kernel, reduction: str, n_rows: int, n_dim: int) -> int:
     if reduction == "recompute":  # bytes_moved counts a dy a row; this one reads one value
         n_bytes -= (n_rows - 1) * dtypes.get(kernel.dtype).array.itemsize
     if reduction == "mean":
-        n_bytes += CosineEmbeddingLossReduce.for_dtype(kernel.dtype).bytes_moved(n_rows)
+        n_bytes += sum(launch.bytes_moved
+                       for launch in plan.reduce_launches("fused", n_rows, kernel.dtype, "mean"))
     return n_bytes
 
 

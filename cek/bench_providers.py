@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cek import check, dtypes, gpu
-from cek import cosine_embedding_loss_split as split
-from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+from cek import check, dtypes, gpu, plan
 from cek.kernel import Kernel
 
 if TYPE_CHECKING:
@@ -94,7 +92,7 @@ def chosen(kernel: Kernel, n_rows: int, n_dim: int) -> bool:
     one block a row) for an n_rows x n_dim problem; never the split's partial sums alone."""
     if kernel.kind == "sums":
         return False
-    return split.splits(n_rows, n_dim, kernel.dtype) == (kernel.first is not None)
+    return plan.runs_split(n_rows, n_dim, kernel.dtype) == (kernel.first is not None)
 
 
 def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float) -> dict:
@@ -144,17 +142,14 @@ def _cek_provider(bench: Bench, kernel: Kernel, margin: float, reduction: str = 
                                                       kernel.dtype, cp)
     launch(kernel, args)
     reduced = None
-    if reduction == "mean":  # as cek.functional reduces: one launch, or two levels
-        reduce = CosineEmbeddingLossReduce.for_dtype(kernel.dtype)
+    if reduction == "mean":  # the plan's reduction, as cek's functions run it
         reduced = dtypes.nan_filled((), kernel.dtype, cp)
-        rows, count, blocks = device_out["loss"], n, reduce.level_one_blocks(n)
-        if blocks:
-            partials = cp.empty(blocks, dtype=rows.dtype)
-            launches.append(_checked_launch(cp, reduce, reduce.launch_config(n, None, True),
-                                            (rows, reduced, n, 1.0 / n, partials)))
-            rows, count = partials, blocks
-        launches.append(_checked_launch(cp, reduce, reduce.launch_config(count),
-                                        (rows, reduced, count, 1.0 / n, None)))
+        values = {"loss": device_out["loss"], "reduced": reduced}
+        for planned in plan.reduce_launches("fused", n, kernel.dtype, "mean"):
+            if "partials" in planned.writes:
+                values["partials"] = cp.empty(planned.grid[0], dtype=device_out["loss"].dtype)
+            launches.append(_checked_launch(cp, planned.kernel, planned.config,
+                                            tuple(planned.arguments(values))))
 
     def outputs():  # the checked rows' (the partial sums: S a row)
         per_row = kernel.slices(d) if kernel.kind == "sums" else 1

@@ -549,11 +549,13 @@ def bench_command(n_dims, n_rows, kernel_names, dtype_names, baselines, repeat, 
         sys.exit(1)
 
 
-# The commands of their own modules: those that read the kernels without running them, and
-# `cek doctor`, what cek runs with on this host, its problems and their fixes.
+# The commands of their own modules: those that read the kernels without running them, `cek
+# plan`, what a call launches, and `cek doctor`, what cek runs with on this host, its problems
+# and their fixes.
 from cek.cli_compile import compile_command, dump_source, list_kernels  # noqa: E402
+from cek.cli_plan import plan_command  # noqa: E402
 from cek.doctor_report import doctor_command  # noqa: E402
 
-for _command in (list_kernels, dump_source, compile_command):
+for _command in (list_kernels, dump_source, compile_command, plan_command):
     main.add_command(_command)
 main.add_command(doctor_command)

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from cek import compile as compile_module
-from cek import cosine_embedding_loss_split as split
+from cek import plan
 from cek.cli_common import (DTYPE_NAMES, KERNEL_NAMES, ROWS, _check_widths, _chosen, _given,
                             _pick_kernel, _table, block_size_option, dtype_option, dtypes_option,
                             kernel_option, n_dim_option)
@@ -260,7 +260,7 @@ def _print_report(cases: list[tuple[Kernel, int]], n_rows: int, arch: str, gpu: 
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
         if kernel.first is None and kernel.kind != "sums" and \
-                split.splits(n_rows, width, kernel.dtype) and kernel.short_name not in said:
+                plan.runs_split(n_rows, width, kernel.dtype) and kernel.short_name not in said:
             said.add(kernel.short_name)
             click.echo(f"note: at {n_rows} x {width} cek's functions and cek.torch run the split's "
                        f"pair instead of {kernel.short_name} (see --kernel split-sums and the "

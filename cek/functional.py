@@ -40,12 +40,7 @@ import numbers
 
 import numpy as np
 
-from cek import cosine_embedding_loss_split as split
-from cek import cpu, dtypes, gpu, validate
-from cek.cosine_embedding_loss_backward import CosineEmbeddingLossBackwardRows
-from cek.cosine_embedding_loss_forward import CosineEmbeddingLossForwardRows
-from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
-from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
+from cek import cpu, dtypes, gpu, plan, validate
 
 __all__ = [
     "cosine_embedding_loss",
@@ -125,9 +120,7 @@ def _check(x1, x2, target, margin, reduction, dtype) -> validate.Problem:
         problem = dataclasses.replace(problem, dtype=np.dtype(np.uint16))
     if problem.kind == "cupy":
         gpu.require_cupy()
-        n, d, kernel_dtype = problem.n_rows, problem.n_dim, _kernel_dtype(problem)
-        validate.check_gpu_problem(n, d, split.max_n_dim(kernel_dtype),
-                                   split.blocks_per_row(n, d, kernel_dtype))
+        plan.check_problem(problem.n_rows, problem.n_dim, _kernel_dtype(problem))
     return problem
 
 
@@ -311,17 +304,18 @@ def _direct(cupy, buffer, shape, dtype, inputs):
 
 def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads,
              dest=(None, None, None), reduction="none"):
-    """Launch the kernel that gives what is wanted, on the current device and stream (for a few
-    wide rows the split's pair: its partial sums, then its kernel of the result), and for a
-    mean or sum the kernel that reduces its per-row losses.
+    """Run cek.plan's launches for what is wanted, on the current device and stream: the
+    forward, backward or fused kernel (for a few wide rows the split's pair: its partial sums,
+    then its kernel of the result), and for a mean or sum the kernel that reduces the per-row
+    losses.
 
     x1, x2: C-contiguous [N, D] arrays of the kernel dtype `dtype` (f16, f32, f64; bf16 as
     uint16 bits); y: [N] labels in its accumulation dtype (float64 for f64, else float32). Row
     r's upstream gradient is scale * dy[r], or scale when dy is None (dy: [N] or 0-d, any real
     dtype, rounded to x1's type: upstream_in). dest: buffers ([N] accumulation dtype, [N, D],
     [N, D] of x1's dtype) to write into, None entries allocated here. Returns (loss [N] or
-    None, dx1 or None, dx2 or None); for reduction "mean" or "sum" the loss is a 0-d array of x1's dtype, reduced from the
-    per-row losses (written into dest[0] where one is given).
+    None, dx1 or None, dx2 or None); for reduction "mean" or "sum" the loss is a 0-d array of
+    x1's dtype, reduced from the per-row losses (written into dest[0] where one is given).
     """
     cupy = gpu.require_cupy()
     n, d = x1.shape
@@ -332,71 +326,28 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
     if want_grads:
         dx1 = cupy.empty((n, d), dtype=x1.dtype) if dx1 is None else dx1
         dx2 = cupy.empty((n, d), dtype=x1.dtype) if dx2 is None else dx2
-    # A few wide rows: the split's partial sums first, then its kernel of each result.
-    sums = _split_sums(cupy, x1, x2, dtype)
-    # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
-    if not want_grads:
-        if sums is None:
-            kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
-            gpu.launch(kernel, x1, x2, y, loss, n, d, margin)
-        else:
-            kernel = split.CosineEmbeddingLossSplitForward.for_n_dim(d, dtype)
-            gpu.launch(kernel, y, sums, loss, n, d, margin)
-        return _reduced(cupy, loss, x1.dtype, dtype, reduction), None, None
-    # A 0-d dy is read in place for every row (dy_stride 0): no broadcast launched. The fused
-    # kernel takes no dy for a number; a backward kernel reads one, a 0-d 1 beside the scale.
-    stride = 0 if dy is None or dy.ndim == 0 else 1
-    if dy is None and not want_loss:
-        one = dtypes.from_float(np.float32(1.0), dtype)
-        dy = cupy.full((), one, dtype=dtypes.get(dtype).array)
-    elif dy is not None:
-        dy = upstream_in(dy, dtype, cupy)
-    upstream = (dy, stride, float(scale))
-    if want_loss:
-        if sums is None:
-            kernel = CosineEmbeddingLossFused.for_n_dim(d, dtype)
-            gpu.launch(kernel, x1, x2, y, *upstream, loss, dx1, dx2, None, None, n, d, margin)
-        else:
-            kernel = split.CosineEmbeddingLossSplitFused.for_n_dim(d, dtype)
-            gpu.launch(kernel, x1, x2, y, *upstream, sums, loss, dx1, dx2, None, None, n, d,
-                       margin)
-        return _reduced(cupy, loss, x1.dtype, dtype, reduction), dx1, dx2
-    if sums is None:
-        kernel = CosineEmbeddingLossBackwardRows.for_n_dim(d, dtype)
-        gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, margin)
-    else:
-        kernel = split.CosineEmbeddingLossSplitBackward.for_n_dim(d, dtype)
-        gpu.launch(kernel, *upstream, x1, x2, y, sums, dx1, dx2, n, d, margin)
-    return None, dx1, dx2
-
-
-def _split_sums(cupy, x1, x2, dtype):
-    """The split's partial sums of x1 and x2 (CuPy's allocator, its current stream), written by
-    CosineEmbeddingLossSplitSums; None where the one-block-per-row kernels run instead
-    (cek.cosine_embedding_loss_split.splits)."""
-    n, d = x1.shape
-    if not split.splits(n, d, dtype):
-        return None
-    sums = cupy.empty(split.partials_shape(n, d, dtype), dtype=dtypes.get(dtype).acc)
-    gpu.launch(split.CosineEmbeddingLossSplitSums.for_n_dim(d, dtype), x1, x2, sums, n, d)
-    return sums
-
-
-def _reduced(cupy, rows, array_dtype, dtype, reduction):
-    """The per-row losses `rows` for "none"; for "mean" and "sum" the 0-d array of x1's dtype
-    (`array_dtype`) that cosine_embedding_loss_reduce writes from them, in a fixed order: one
-    launch, or above two trips of one block a first launch of a block per slice into partials
-    (CuPy's allocator, on its current stream) and the second over those."""
-    if reduction not in ("mean", "sum"):
-        return rows
-    n = rows.shape[0]
-    kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
-    scale = 1.0 / n if reduction == "mean" else 1.0
-    reduced = cupy.empty((), dtype=array_dtype)
-    blocks = kernel.level_one_blocks(n)
-    if blocks:
-        partials = cupy.empty(blocks, dtype=rows.dtype)
-        gpu.launch(kernel, rows, reduced, n, scale, partials)
-        rows, n = partials, blocks
-    gpu.launch(kernel, rows, reduced, n, scale, None)
-    return reduced
+    values = {"x1": x1, "x2": x2, "y": y, "loss": loss, "dx1": dx1, "dx2": dx2,
+              "margin": margin}
+    if want_grads:
+        # A 0-d dy is read in place for every row (dy_stride 0): no broadcast launched. The
+        # fused kernel takes no dy for a number; a backward kernel reads one, a 0-d 1 beside
+        # the scale.
+        stride = 0 if dy is None or dy.ndim == 0 else 1
+        if dy is None and not want_loss:
+            one = dtypes.from_float(np.float32(1.0), dtype)
+            dy = cupy.full((), one, dtype=dtypes.get(dtype).array)
+        elif dy is not None:
+            dy = upstream_in(dy, dtype, cupy)
+        values.update(dy=dy, dy_stride=stride, scale=float(scale))
+    op = "fused" if want_loss and want_grads else "backward" if want_grads else "forward"
+    # cek's loss and backward functions run the ops a compiled cek.torch step runs, one each;
+    # the fused function the fused op, without the keep kernel that cek.torch runs after it.
+    step = plan.plan(n, d, dtype, reduction=reduction, grads=want_grads,
+                     route="functional" if op == "fused" else "torch-compile")
+    if want_loss and reduction in ("mean", "sum"):
+        values["reduced"] = cupy.empty((), dtype=x1.dtype)
+    for buffer in step.workspace(op):  # CuPy's allocator, on its current stream
+        values[buffer.name] = cupy.empty(buffer.shape, dtype=buffer.dtype)
+    for launch in step.of(op):
+        gpu.launch(launch.kernel, *launch.arguments(values))
+    return values.get("reduced", loss) if want_loss else None, dx1, dx2

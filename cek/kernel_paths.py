@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from cek import check, dtypes
+from cek import check, dtypes, plan
 from cek import cosine_embedding_loss_split as split
 from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel, kernel_classes
@@ -130,10 +130,11 @@ def _reduce_paths(dtype: str) -> list[KernelPath]:
     """One block over a few losses, unaligned (read element by element); one block's two trips;
     two levels (partials, then their sum): the smallest N the launchers split in two."""
     kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
-    low, high = 1, 2**31 - 1  # the smallest n with level_one_blocks(n) > 0, by bisection
+    low, high = 1, 2**31 - 1  # the smallest n the plan reduces in two levels, by bisection
     while low < high:
         middle = (low + high) // 2
-        low, high = (middle + 1, high) if kernel.level_one_blocks(middle) == 0 else (low, middle)
+        levels = len(plan.reduce_launches("forward", middle, dtype, "mean"))
+        low, high = (middle + 1, high) if levels == 1 else (low, middle)
     return [KernelPath(REDUCE, dtype, "the reduction: one block, losses not 16-byte aligned", 7, 0),
             KernelPath(REDUCE, dtype, "the reduction: one block, two trips",
                        kernel.slice_rows + 1, 0),
@@ -226,14 +227,11 @@ def _run_reduce(path: KernelPath, launch: Callable, device: str) -> check.CaseRe
         buffer[1:] = losses
         losses = buffer[1:]
     reduced = dtypes.nan_filled((), path.dtype, np)
-    scale = 1.0 / path.n_rows
-    blocks = kernel.level_one_blocks(path.n_rows)
-    rows, n = losses, path.n_rows
-    if blocks:
-        partials = np.full(blocks, np.nan, acc)
-        launch(kernel, (rows, reduced, n, scale, partials))
-        rows, n = partials, blocks
-    launch(kernel, (rows, reduced, n, scale, None))
+    values = {"loss": losses, "reduced": reduced}
+    for planned in plan.reduce_launches("forward", path.n_rows, path.dtype, "mean"):
+        if "partials" in planned.writes:  # block b writes partials[b]
+            values["partials"] = np.full(planned.grid[0], np.nan, acc)
+        launch(planned.kernel, tuple(planned.arguments(values)))
     want = {"reduced": np.array(np.mean(losses.astype(np.float64)))}
     judged = check.compare({"reduced": reduced}, want, {"reduced": np.ones(())}, path.dtype)
     return _result(kernel, device, path, 0.0, *judged)

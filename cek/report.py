@@ -16,9 +16,8 @@ import math
 from dataclasses import dataclass
 
 from cek import occupancy as occ
-from cek import sass
+from cek import plan, sass
 from cek.compile import compile_kernel
-from cek.cosine_embedding_loss_reduce import CosineEmbeddingLossReduce
 from cek.kernel import Kernel
 
 
@@ -191,14 +190,10 @@ def reduction_rows(dtype: str, n_rows: int, n_dim: int, *, arch: str = "sm_90",
     """The static rows of the launches that add n_rows per-row losses into a mean or sum, as the
     launchers run them: cosine_embedding_loss_reduce in one block, or, past what one block adds
     in two trips (`level_one_blocks`), a block per slice writing partials, then one block over
-    those. The reduction's tail is the sum of their `tail_round_trips`."""
-    kernel = CosineEmbeddingLossReduce.for_dtype(dtype)
-    first = kernel.level_one_blocks(n_rows)
-    rows = []
-    if first:
-        rows.append(static_row(kernel, n_rows, n_dim, arch=arch, gpu=gpu,
-                               launch=kernel.launch_config(n_rows, partials=True)))
-    return rows + [static_row(kernel, first or n_rows, n_dim, arch=arch, gpu=gpu)]
+    those (cek.plan). The reduction's tail is the sum of their `tail_round_trips`."""
+    return [static_row(launch.kernel, launch.values["n_rows"], n_dim, arch=arch, gpu=gpu,
+                       launch=launch.config)
+            for launch in plan.reduce_launches("forward", n_rows, dtype, "mean")]
 
 
 def reduces(kernel: Kernel, facts: dict) -> bool:

@@ -18,8 +18,8 @@ The kernels are read from the script's `bench NAME TIMEOUT ARGS...` lines, a `--
 call taken as the calls of its shapes (plain_calls): each --kernel (fused
 by default) at each --dtype (f32 by default) and the BLOCK_SIZE of each --n-dim; with a split
 pair's second kernel, its first (split-sums); with the fused kernels, the reduction of their
-losses (a mean's second launch); with a cek.torch provider, the kernels a cek.torch training
-step launches at that shape, eager and compiled. --list prints the kernel ids
+losses (a mean's second launch); with a cek.torch provider, the kernels of a cek.torch training
+step's plans at that shape, eager and compiled (cek.plan). --list prints the kernel ids
 and compiles nothing. Exit 1 if any kernel fails to compile.
 """
 
@@ -35,12 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-# What a cek.torch training step launches for a mean: the eager route (fused forward, keep
-# backward) and the compiled one (the custom ops: forward rows, backward rows), both reducing;
-# where it splits a few wide rows, the split's pairs of each.
-CEK_TORCH_KERNELS = ("fused", "backward-keep", "forward-rows", "backward-rows")
-CEK_TORCH_SPLIT_KERNELS = ("fused-split", "backward-keep-split", "forward-split",
-                           "backward-split")
+# The routes of a cek.torch training step: eager (and from a CUDA graph) and compiled.
+CEK_TORCH_ROUTES = ("torch", "torch-compile")
 # The rows of a warm call: enough for each provider's path, few enough to take no time.
 WARM_ROWS, SPLIT_ROWS = 64, 256
 MIN_REPEAT = 50  # the fewest repetitions `cek bench --repeat` takes
@@ -104,8 +100,7 @@ def kernels_of(args: list[str]) -> set[tuple[str, str, int]]:
 
 
 def _kernels_of_plain(args: list[str]) -> set[tuple[str, str, int]]:
-    from cek import bench
-    from cek import cosine_embedding_loss_split as split
+    from cek import bench, plan
     from cek.bench_providers import CEK_TORCH_PROVIDERS
     from cek.kernel import kernel_classes
 
@@ -118,8 +113,9 @@ def _kernels_of_plain(args: list[str]) -> set[tuple[str, str, int]]:
             launched = list(names)
             if set(baselines) & set(CEK_TORCH_PROVIDERS):
                 n_rows = bench.auto_rows(n_dim) if rows == "auto" else int(rows)
-                launched += (CEK_TORCH_SPLIT_KERNELS if split.splits(n_rows, n_dim, dtype)
-                             else CEK_TORCH_KERNELS)
+                launched += [launch.name for route in CEK_TORCH_ROUTES for launch in
+                             plan.plan(n_rows, n_dim, dtype, reduction="mean",
+                                       route=route).launches]
             out |= {(name, dtype, n_dim) for name in launched}
             if any(kernel_classes()[name].first is not None for name in launched):
                 out.add(("split-sums", dtype, n_dim))  # a pair's first launch

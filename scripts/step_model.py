@@ -142,9 +142,9 @@ def cek_eager(n: int, d: int) -> dict:
     launched = []
     real_launch = _cuda._launch
 
-    def launch(kernel_class, x1, tensors, rows, width, **scalars):
-        launched.append((kernel_class, rows, width))
-        return real_launch(kernel_class, x1, tensors, rows, width, **scalars)
+    def launch(planned, x1, values):  # planned: the cek.plan Launch
+        launched.append(planned)
+        return real_launch(planned, x1, values)
 
     with host.cuda_path():
         _cuda._launch = launch
@@ -161,14 +161,13 @@ def cek_eager(n: int, d: int) -> dict:
         finally:
             _cuda._launch, ct._dispatch_mode = real_launch, own_mode
     moved = ops.bytes
-    for kernel_class, rows, width in launched:
-        kernel = _cuda._kernel(kernel_class, width, torch.float32)[0]
-        if kernel.name == KEEP:  # upstream 1: a block reads it and returns
-            moved += kernel.launch_config(rows, width)[0][0] * ITEMSIZE
+    for planned in launched:
+        if planned.kernel.name == KEEP:  # upstream 1: a block reads it and returns
+            moved += planned.grid[0] * ITEMSIZE
         else:
-            moved += kernel.bytes_moved(rows, width)
+            moved += planned.bytes_moved
     return {"launches": len(launched) + len(ops.ops), "bytes": moved, "memory": peak,
-            "kernels": [k.__name__ for k, _, _ in launched], "torch_ops": ops.ops}
+            "kernels": [type(p.kernel).__name__ for p in launched], "torch_ops": ops.ops}
 
 
 def compiled_floor(n: int, d: int) -> dict:
