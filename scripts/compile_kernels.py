@@ -117,7 +117,7 @@ def _kernels_of_plain(args: list[str]) -> set[tuple[str, str, int]]:
                              plan.plan(n_rows, n_dim, dtype, reduction="mean",
                                        route=route).launches]
             out |= {(name, dtype, n_dim) for name in launched}
-            if any(kernel_classes()[name].first is not None for name in launched):
+            if any(kernel_classes()[name].first is not None for name in names):
                 out.add(("split-sums", dtype, n_dim))  # a pair's first launch
             if {"fused", "fused-split"} & set(launched):
                 out.add(("reduce", dtype, n_dim))
