@@ -58,13 +58,15 @@ _RENAMED = {"out": "loss", "y_out": "labels"}
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
+    """A buffer a plan's launches read or write, by the name their arguments give it."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str  # a NumPy dtype name, or "bfloat16"
     role: str  # "input", "output" or "workspace"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (cek.torch's key)
+@dataclasses.dataclass(frozen=True, eq=False)  # a plan's own: compared by identity
 class Launch:
     """One launch: `args` names, for each of the kernel's arguments in order, the buffer or
     value it takes (None: a null pointer); `fixed` the values the plan sets itself."""
@@ -92,7 +94,7 @@ class Launch:
     def key(self) -> tuple:
         """What the launch's checks depend on besides its buffers and float scalars: the
         kernel, what each argument takes, the plan's ints (cek.torch's signature)."""
-        return (self.kernel, self.args,
+        return (self.kernel.id, self.args,  # the id, a string, hashes from its cache
                 *(value for _, value in self.fixed if isinstance(value, int)))
 
     @functools.cached_property
@@ -138,7 +140,15 @@ class Plan:
 
     def of(self, op: str) -> tuple[Launch, ...]:
         """The launches of one op, in order."""
-        return tuple(launch for launch in self.launches if launch.op == op)
+        return self.ops.get(op, ())
+
+    @functools.cached_property
+    def ops(self) -> dict[str, tuple[Launch, ...]]:
+        """The launches of each op, in order, by op (looked up on every call of a route)."""
+        ops: dict[str, tuple[Launch, ...]] = {}
+        for launch in self.launches:
+            ops[launch.op] = (*ops.get(launch.op, ()), launch)
+        return ops
 
     def has(self, name: str) -> bool:
         return name in self._by_name
@@ -152,8 +162,19 @@ class Plan:
 
     def workspace(self, op: str) -> tuple[Buffer, ...]:
         """The workspace `op`'s launches write: a route allocates it before them."""
-        written = {name for launch in self.of(op) for name in launch.writes}
-        return tuple(b for b in self.buffers if b.role == "workspace" and b.name in written)
+        return tuple(b for b in self.made.get(op, ()) if b.role == "workspace")
+
+    @functools.cached_property
+    def made(self) -> dict[str, tuple[Buffer, ...]]:
+        """By op: the buffers its launches write that no caller hands in, which a route
+        allocates before them: the workspace, then the reduction's result."""
+        made = {}
+        for op, launches in self.ops.items():
+            written = {name for launch in launches for name in launch.writes}
+            made[op] = tuple(b for b in self.buffers if b.name in written and
+                             b.role == "workspace") + tuple(
+                self._by_name[name] for name in ("reduced",) if name in written)
+        return made
 
     def as_dict(self) -> dict:
         return {

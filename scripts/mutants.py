@@ -61,6 +61,7 @@ SPLIT = "kernels/cosine_embedding_loss_split.cu"
 REDUCE = "kernels/cosine_embedding_loss_reduce.cu"
 BACKWARD = "kernels/cosine_embedding_loss_backward.cu"
 CUDA = "cek/torch/_cuda.py"
+PLAN = "cek/plan.py"
 
 MUTANTS = (
     # -- the row kernels (kernels/cek_row.cuh and the kernel files) ------------------------
@@ -141,26 +142,22 @@ MUTANTS = (
            "no barrier between two slices of the split keep kernel's block"),
     # -- cek.torch's routes ------------------------------------------------------------------
     Mutant("cuda-backward-margin", CUDA,
-           "scale=1.0 / n if reduction == \"mean\" else 1.0,\n                    margin=margin)",
-           "scale=1.0 / n if reduction == \"mean\" else 1.0,\n                    margin=0.0)",
+           '"margin": margin, "dx1": dx1, "dx2": dx2, "dy": dy,',
+           '"margin": 0.0, "dx1": dx1, "dx2": dx2, "dy": dy,',
            CUDA_GLUE, "the CUDA route's unfused backward without the margin"),
     Mutant("cuda-forward-margin", CUDA,
-           "_launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows), n, d, margin=margin)",
-           "_launch(CosineEmbeddingLossForwardRows, x1, (a1, a2, y, rows), n, d, margin=0.0)",
-           CUDA_GLUE, "the CUDA route's forward without the margin"),
-    Mutant("cuda-split-forward-margin", CUDA,
-           "(y, sums, rows), n, d, margin=margin)", "(y, sums, rows), n, d, margin=0.0)",
-           CUDA_GLUE, "the CUDA route's split forward without the margin"),
+           '"margin": margin, "loss": _like(y)}',
+           '"margin": 0.0, "loss": _like(y)}',
+           CUDA_GLUE, "the CUDA route's forward (one block a row and split) without the margin"),
     Mutant("cuda-keep-margin", CUDA,
-           "scale=fused_scale(n, reduction), margin=margin)",
-           "scale=fused_scale(n, reduction), margin=0.0)", CUDA_GLUE,
+           '"y": labels, "margin": margin,', '"y": labels, "margin": 0.0,', CUDA_GLUE,
            "the fused route's keep backward without the margin"),
     Mutant("cuda-fused-margin", CUDA,
-           "n, d, dy_stride=0, margin=margin, scale=scale)\n    result",
-           "n, d, dy_stride=0, margin=0.0, scale=scale)\n    result", CUDA_GLUE,
+           '"margin": margin, "dx1": dx1, "dx2": dx2,\n              "labels"',
+           '"margin": 0.0, "dx1": dx1, "dx2": dx2,\n              "labels"', CUDA_GLUE,
            "the fused route's forward without the margin"),
-    Mutant("cuda-backward-mean", CUDA, "scale=1.0 / n if reduction == \"mean\" else 1.0,",
-           "scale=1.0,", CUDA_GLUE, "the CUDA route's backward of a mean not divided by N"),
+    Mutant("cuda-backward-mean", CUDA, '"scale": 1.0 / n if reduction == "mean" else 1.0}',
+           '"scale": 1.0}', CUDA_GLUE, "the CUDA route's backward of a mean not divided by N"),
     Mutant("cuda-upstream-rows", CUDA, "if grad.shape[0] == 1 or grad.stride(0) == 0:",
            "if grad.shape[0] >= 1 or grad.stride(0) == 0:", CUDA_GLUE,
            "row 0's upstream gradient read for every row"),
@@ -186,10 +183,19 @@ MUTANTS = (
            "(label[i] == -1 && c > A(0)) ? gi : A(0);",
            ("tests/test_functional.py", "tests/test_cpu_path.py"),
            "the CPU path's compiled gradient without the margin"),
-    Mutant("functional-gpu-backward-margin", "cek/functional.py",
-           "gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, margin)",
-           "gpu.launch(kernel, *upstream, x1, x2, y, dx1, dx2, n, d, 0.0)",
-           ("tests/test_gpu_glue.py",), "cek.functional's GPU backward without the margin"),
+    Mutant("functional-gpu-margin", "cek/functional.py",
+           '"dx2": dx2,\n              "margin": margin}', '"dx2": dx2,\n              "margin": 0.0}',
+           ("tests/test_gpu_glue.py",), "cek.functional's GPU launches without the margin"),
+    # -- the launch plan every route runs (cek/plan.py) --------------------------------------
+    Mutant("plan-split-first-dropped", PLAN, 'if splits and op != "keep":',
+           'if splits and op == "forward":', CUDA_GLUE + ("tests/test_gpu_glue.py",),
+           "the split's gradient kernels without their partial sums launched first"),
+    Mutant("plan-mean-scale", PLAN, 'scale = 1.0 / n_rows if reduction == "mean" else 1.0',
+           "scale = 1.0", CUDA_GLUE + ("tests/test_gpu_glue.py",),
+           "the mean's reduction not divided by N"),
+    Mutant("plan-one-reduction-level", PLAN, "blocks = kernel.level_one_blocks(n_rows)",
+           "blocks = 0", REDUCE_TESTS + ("tests/test_plan.py",),
+           "every mean and sum reduced by one block, however many losses"),
 )
 
 # The subset CI runs: one of each kind, each caught within seconds of its tests starting.

@@ -142,9 +142,9 @@ def cek_eager(n: int, d: int) -> dict:
     launched = []
     real_launch = _cuda._launch
 
-    def launch(planned, x1, values):  # planned: the cek.plan Launch
+    def launch(planned, *rest):  # planned: the cek.plan Launch
         launched.append(planned)
-        return real_launch(planned, x1, values)
+        return real_launch(planned, *rest)
 
     with host.cuda_path():
         _cuda._launch = launch

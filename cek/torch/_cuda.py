@@ -111,58 +111,52 @@ class _Prepared:
         return args
 
 
-# Prepared launches by signature (Launch.key and each tensor's dtype, shape and device). A loop launches a few signatures; _MAX_PLANS bounds one whose shapes keep changing.
+# Prepared launches by signature (Launch.key and each tensor's dtype, shape and device). A loop
+# launches a few signatures; _MAX_PLANS bounds one whose shapes keep changing.
 _plans: dict[tuple, _Prepared] = {}
 _MAX_PLANS = 1024
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16,
                  "float32": torch.float32, "float64": torch.float64}
 
 
-def _plan(x1, n, d, reduction, grads, route="torch"):
-    """cek.plan's plan for this call: what it launches is decided there alone."""
-    return plan.plan(n, d, KERNEL_DTYPES[x1.dtype], reduction=reduction, grads=grads,
-                     route=route)
-
-
 def _run(x1, step, op, values):
-    """Launch `op`'s launches of the plan `step`, in order, with the buffers in `values`;
-    a workspace or output a launch writes that is not there yet (the split's partial sums, the
-    reduction's partials and result) is allocated first, by torch on its current stream."""
-    for launch in step.of(op):
-        for name in launch.writes:
-            if name not in values:
-                buffer = step.buffer(name)
-                values[name] = x1.new_empty(buffer.shape, dtype=_TORCH_DTYPES[buffer.dtype])
-        _launch(launch, x1, values)
-
-
-def _launch(launch, x1, values):
-    """Launch `launch` (a cek.plan Launch) on x1's device and torch's current stream there,
-    taken per call: the current stream may change between calls. `values` holds the tensors
-    its pointers take (a name absent: a null pointer) and the call's scalars. The first launch
-    of a signature compiles and loads the kernel where it has not run on this device yet, which
-    a CUDA-graph capture forbids: there it raises cek.gpu.CaptureError, naming the warm-up to
-    do."""
-    tensors = [values.get(name) for name in launch.pointers]
-    key = (launch.key,
-           *[None if t is None else (t.dtype, t.shape, t.get_device()) for t in tensors])
-    prepared = _plans.get(key)
+    """Launch `op`'s launches of the plan `step`, in order, with the buffers in `values`, on
+    x1's device and torch's current stream there, taken per call: the current stream may change
+    between calls. The buffers they write that the caller does not hand in (the split's partial
+    sums, the reduction's partials and result: Plan.made) are allocated first, by torch on its
+    current stream."""
+    for buffer in step.made.get(op, ()):
+        values[buffer.name] = x1.new_empty(buffer.shape, dtype=_TORCH_DTYPES[buffer.dtype])
     cupy = gpu.require_cupy()
     device = x1.device
     stream = _StreamHandle(torch.cuda.current_stream(device))
     with cupy.cuda.Device(device.index):
-        if prepared is not None:
-            grid, block, shared_mem = prepared.config
-            prepared.function(grid, block, prepared.arguments(tensors, values, launch.values),
-                              shared_mem=shared_mem, stream=stream)
-            return
-        kernel = launch.kernel
-        if not gpu.is_loaded(kernel, device.index) and torch.cuda.is_current_stream_capturing():
-            gpu.refuse_capture(kernel)
-        views = dict(zip(launch.pointers, _views(cupy, kernel, tensors)))
-        args = launch.arguments({**values, **views})
-        config = gpu.launch(kernel, *args, stream=stream)
-        function = gpu.get_function(kernel)  # this device's, as the launch just used
+        for launch in step.ops.get(op, ()):
+            _launch(launch, values, cupy, device.index, stream)
+
+
+def _launch(launch, values, cupy, device, stream):
+    """Launch `launch` (a cek.plan Launch) on `stream` of `device`, the current one. `values`
+    holds the tensors its pointers take (a name absent: a null pointer) and the call's
+    scalars. The first launch of a signature compiles and loads the kernel where it has not
+    run on this device yet, which a CUDA-graph capture forbids: there it raises
+    cek.gpu.CaptureError, naming the warm-up to do."""
+    tensors = [*map(values.get, launch.pointers)]
+    key = (launch.key,
+           *[None if t is None else (t.dtype, t.shape, t.get_device()) for t in tensors])
+    prepared = _plans.get(key)
+    if prepared is not None:
+        grid, block, shared_mem = prepared.config
+        prepared.function(grid, block, prepared.arguments(tensors, values, launch.values),
+                          shared_mem=shared_mem, stream=stream)
+        return
+    kernel = launch.kernel
+    if not gpu.is_loaded(kernel, device) and torch.cuda.is_current_stream_capturing():
+        gpu.refuse_capture(kernel)
+    views = dict(zip(launch.pointers, _views(cupy, kernel, tensors)))
+    args = launch.arguments({**values, **views})
+    config = gpu.launch(kernel, *args, stream=stream)
+    function = gpu.get_function(kernel)  # this device's, as the launch just used
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
     _plans[key] = _Prepared(launch, args, function, config)
@@ -177,17 +171,14 @@ def _views(cupy, kernel, tensors):
             for t in tensors]
 
 
-def _inputs(a1, a2, y, margin):
-    return {"x1": a1, "x2": a2, "y": y, "margin": margin}
-
-
 def forward(x1, x2, target, margin, reduction):
     """The loss (torch's shape for `reduction`, the inputs' dtype): the plan's forward, the
     forward kernel, or the split's pair for a few wide rows, then the reduction."""
     a1, a2, y = _rows(x1, x2, target)
     n, d = a1.shape
-    values = {**_inputs(a1, a2, y, margin), "loss": _like(y)}  # each row's loss, like the labels
-    _run(x1, _plan(x1, n, d, reduction, grads=False), "forward", values)
+    values = {"x1": a1, "x2": a2, "y": y, "margin": margin, "loss": _like(y)}  # loss: a row's
+    step = plan.plan(n, d, KERNEL_DTYPES[x1.dtype], reduction=reduction, grads=False)
+    _run(x1, step, "forward", values)
     return _reduced(values, x1, reduction)
 
 
@@ -224,9 +215,9 @@ def fused_forward(x1, x2, target, margin, reduction):
     rows, dx1, dx2 = _like(y), _like(a1), _like(a1)
     if n == 0:
         return _reduced({"loss": rows}, x1, reduction), (dx1, dx2, None, None)
-    step = _plan(x1, n, d, reduction, grads=True)
-    values = {**_inputs(a1, a2, y, margin), "dx1": dx1, "dx2": dx2, "labels": _like(y),
-              "dy_stride": 0, "scale": fused_scale(n, reduction)}
+    step = plan.plan(n, d, KERNEL_DTYPES[x1.dtype], reduction=reduction)
+    values = {"x1": a1, "x2": a2, "y": y, "margin": margin, "dx1": dx1, "dx2": dx2,
+              "labels": _like(y), "dy_stride": 0, "scale": fused_scale(n, reduction)}
     if step.has("loss_out"):
         values["loss_out"] = rows.new_empty(rows.shape, dtype=x1.dtype)
     else:
@@ -263,9 +254,10 @@ def keep_backward(grad, x1, margin, reduction, kept):
         n, d = dx1.shape
         a1, a2, labels = rows
         dy, stride = _upstream(grad, x1.dtype)
-        values = {**_inputs(a1, a2, labels, margin), "dx1": dx1, "dx2": dx2, "sums": sums,
-                  "dy": dy, "dy_stride": stride, "scale": fused_scale(n, reduction)}
-        _run(x1, _plan(x1, n, d, reduction, grads=True), "keep", values)
+        values = {"x1": a1, "x2": a2, "y": labels, "margin": margin, "dx1": dx1, "dx2": dx2,
+                  "sums": sums, "dy": dy, "dy_stride": stride, "scale": fused_scale(n, reduction)}
+        step = plan.plan(n, d, KERNEL_DTYPES[x1.dtype], reduction=reduction)
+        _run(x1, step, "keep", values)
     return _shaped(dx1, x1), _shaped(dx2, x1)
 
 
@@ -283,7 +275,8 @@ def backward(grad, x1, x2, target, margin, reduction):
     if n == 0:
         return _shaped(dx1, x1), _shaped(dx2, x1)
     dy, stride = _upstream(grad, x1.dtype)
-    values = {**_inputs(a1, a2, y, margin), "dx1": dx1, "dx2": dx2, "dy": dy,
+    values = {"x1": a1, "x2": a2, "y": y, "margin": margin, "dx1": dx1, "dx2": dx2, "dy": dy,
               "dy_stride": stride, "scale": 1.0 / n if reduction == "mean" else 1.0}
-    _run(x1, _plan(x1, n, d, reduction, grads=True, route="torch-compile"), "backward", values)
+    step = plan.plan(n, d, KERNEL_DTYPES[x1.dtype], reduction=reduction, route="torch-compile")
+    _run(x1, step, "backward", values)
     return _shaped(dx1, x1), _shaped(dx2, x1)
