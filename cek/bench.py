@@ -64,9 +64,9 @@ from cek import check, dtypes, gpu, plan, reference
 # The providers and what each times; PROVIDERS, present, reductions, chosen and cupy_math are
 # imported from here too.
 from cek.bench_providers import (CEK_TORCH_PROVIDERS, KEEP_CASES, KEEP_RECOMPUTE_DY,
-                                 KEPT_SENTINEL, PROVIDERS, TORCH_PROVIDERS, _peak_since,
-                                 _step_start, _torch_or_none, chosen, cupy_math, present,
-                                 providers_for, reductions)
+                                 KEPT_SENTINEL, PROVIDERS, TORCH_PROVIDERS, chosen, cupy_math,
+                                 peak_since, present, providers_for, reductions, step_start,
+                                 torch_or_none)
 from cek.kernel import Kernel, kernel_classes
 
 CHECK_ROWS = 2048  # rows compared with the float64 reference before timing ...
@@ -262,15 +262,15 @@ def step_peak_bytes(torch, run) -> int | None:
         return run.peak_bytes
     if not hasattr(run, "leaves"):
         return None
-    start = _step_start(torch, run.leaves)
+    start = step_start(torch, run.leaves)
     run()
-    return _peak_since(torch, start)
+    return peak_since(torch, start)
 
 
 def measure(run, warn) -> dict:
     """launches, kernels and peak_bytes of a timed run (BenchRow's fields): all None without
     torch's CUDA, or where measuring fails (said through `warn`: the timing stands)."""
-    torch = _torch_or_none()
+    torch = torch_or_none()
     if torch is None or not torch.cuda.is_available():
         return {}
     try:

@@ -40,7 +40,7 @@ def cupy_math(xp, x1, x2, y, margin: float, scale, grads: bool = True):
     return loss.astype(x1.dtype), dx1, dx2
 
 
-def _torch_or_none():
+def torch_or_none():
     try:
         import torch
     except ImportError:
@@ -53,7 +53,7 @@ def present(wanted) -> list[str]:
     wanted, torch's and cek.torch's when wanted and torch is installed (cek-torch-graph where
     torch has CUDA, which CUDA graphs need)."""
     names = ["cek", *(["cupy"] if "cupy" in wanted else [])]
-    torch = _torch_or_none()
+    torch = torch_or_none()
     if torch is not None:
         names += [name for name in TORCH_PROVIDERS + CEK_TORCH_PROVIDERS if name in wanted and
                   (name != "cek-torch-graph" or torch.cuda.is_available())]
@@ -109,10 +109,10 @@ def providers_for(bench: Bench, kernel: Kernel, wanted: list[str], margin: float
             elif name == "cupy":
                 build = partial(_cupy_provider, bench.cupy, bench, kind, margin)
             elif name in TORCH_PROVIDERS:
-                build = partial(_torch_provider, _torch_or_none(), bench, kind, margin,
+                build = partial(_torch_provider, torch_or_none(), bench, kind, margin,
                                 name == "torch-compile")
             else:
-                build = partial(_cek_torch_provider, _torch_or_none(), bench, margin,
+                build = partial(_cek_torch_provider, torch_or_none(), bench, margin,
                                 name.removeprefix("cek-torch").lstrip("-") or "eager")
             out[name, reduction] = build
     return out
@@ -299,18 +299,18 @@ def _graphed(torch, step):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    start = _step_start(torch, step.leaves)
+    start = step_start(torch, step.leaves)
     with torch.cuda.graph(graph):
         step()
 
     def replay():
         graph.replay()
 
-    replay.peak_bytes = _peak_since(torch, start)  # what the graph's pool holds for the step
+    replay.peak_bytes = peak_since(torch, start)  # what the graph's pool holds for the step
     return replay
 
 
-def _step_start(torch, leaves) -> int:
+def step_start(torch, leaves) -> int:
     """Before a step: the gradients of the step before released (the step releases them
     first), the peak statistic reset; the bytes torch's allocator holds now."""
     for leaf in leaves:
@@ -320,6 +320,6 @@ def _step_start(torch, leaves) -> int:
     return torch.cuda.memory_allocated()
 
 
-def _peak_since(torch, start: int) -> int:
+def peak_since(torch, start: int) -> int:
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - start

@@ -4,7 +4,7 @@ from cek import dtypes
 from cek.cosine_embedding_loss_backward import ROW
 from cek.kernel import Kernel
 from cek.kernel_args import Arg
-from cek.tiling import _dims3, _is_int
+from cek.tiling import dims3, is_int
 
 THREADS = 1024
 CHUNKS = 8  # CEK_REDUCE_CHUNKS: 16-byte chunks a thread has in flight a trip
@@ -94,7 +94,7 @@ class CosineEmbeddingLossReduce(Kernel):
         """1024 threads; one block for any n_rows in [0, 2^31) without partials, one a slice
         with them (n_rows >= 1). n_dim, the width of the rows whose losses these are, changes
         nothing."""
-        if not _is_int(n_rows) or not 0 <= n_rows < 2**31:
+        if not is_int(n_rows) or not 0 <= n_rows < 2**31:
             raise ValueError(f"n_rows must be an int in [0, 2^31), got {n_rows!r}")
         if not partials:
             return (1, 1, 1), (THREADS, 1, 1), 0
@@ -105,7 +105,7 @@ class CosineEmbeddingLossReduce(Kernel):
     def check_launch(self, grid, block, n_rows: int, n_dim: int | None = None,
                      partials: bool = False) -> None:
         want_grid, want_block, _ = self.launch_config(n_rows, n_dim, partials)
-        if (_dims3(grid), _dims3(block)) != (want_grid, want_block):
+        if (dims3(grid), dims3(block)) != (want_grid, want_block):
             given = "with" if partials else "without"
             raise ValueError(
                 f"{self.id}: grid {grid!r}, block {block!r} differ from launch_config({n_rows}, "

@@ -18,7 +18,7 @@ from cek.cosine_embedding_loss_backward import (MATRIX, ROW, CosineEmbeddingLoss
 from cek.cosine_embedding_loss_fused import CosineEmbeddingLossFused
 from cek.kernel import Kernel
 from cek.kernel_args import Arg
-from cek.tiling import WaveGrid, _is_int, register_path_width
+from cek.tiling import WaveGrid, is_int, register_path_width
 
 THREADS = 1024
 ONE_BLOCK_MAX_N_DIM = 1 << 20  # the widest row of the one-block-per-row kernels
@@ -105,7 +105,7 @@ class SplitRows:
     def for_n_dim(cls, n_dim: int, dtype: str = "f32"):
         """The instance for rows of n_dim elements: one per dtype, for every width it takes."""
         top = max_n_dim(dtype)
-        if not _is_int(n_dim) or not 1 <= n_dim <= top:
+        if not is_int(n_dim) or not 1 <= n_dim <= top:
             raise ValueError(f"n_dim must be an int in [1, {top}] for {cls.name} in {dtype}, "
                              f"got {n_dim!r}")
         return cls(THREADS, dtype)
@@ -163,7 +163,7 @@ class SplitRows:
     def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
         for name, value, top in (("n_rows", n_rows, 2**31 - 1),
                                  ("n_dim", n_dim, max_n_dim(self.dtype))):
-            if not _is_int(value) or not 1 <= value <= top:
+            if not is_int(value) or not 1 <= value <= top:
                 raise ValueError(f"{name} must be an int in [1, {top}], got {value!r}")
         blocks = int(n_rows) * (self.slices(n_dim) if self.per_slice else 1)
         if blocks >= 2**31:

@@ -22,8 +22,8 @@ from cek.sources import load_kernel_source
 # the launch's shape, mirrored from kernels/cek_row.cuh (all of it importable from here too)
 from cek.tiling import (GROUPED_16_BIT_SIZE, GROUPED_THREADS, MAX_BLOCKS_PER_SM,
                         MAX_GROUPED_CHUNKS, MAX_GROUPED_SIZE, MAX_THREADS, SM_LIMITS, SM_THREADS,
-                        TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, WaveGrid, _dims3,
-                        _is_int, next_power_of_two, register_path_width, sm_limits)
+                        TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, WaveGrid, dims3,
+                        is_int, next_power_of_two, register_path_width, sm_limits)
 
 
 _REGISTRY: dict[str, type["Kernel"]] = {}
@@ -60,7 +60,7 @@ class Kernel:
 
     def __init__(self, block_size: int, dtype: str = "f32"):
         self.dtype = dtypes.get(dtype).name
-        if not _is_int(block_size):
+        if not is_int(block_size):
             raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
         block_size = int(block_size)
         if block_size < 1 or block_size & (block_size - 1) or block_size > self.max_block_size:
@@ -73,7 +73,7 @@ class Kernel:
     @classmethod
     def for_n_dim(cls, n_dim: int, dtype: str = "f32") -> "Kernel":
         """The instance whose BLOCK_SIZE fits rows of n_dim elements."""
-        if not _is_int(n_dim) or n_dim < 1:
+        if not is_int(n_dim) or n_dim < 1:
             raise ValueError(f"n_dim must be a positive int, got {n_dim!r}")
         if n_dim > cls.max_block_size:
             raise ValueError(f"n_dim must be at most {cls.max_block_size}, got {n_dim}")
@@ -317,7 +317,7 @@ class Kernel:
     def launch_config(self, n_rows: int, n_dim: int) -> tuple[tuple, tuple, int]:
         """(grid, block, shared_mem_bytes) for a problem of n_rows x n_dim."""
         for name, value in (("n_rows", n_rows), ("n_dim", n_dim)):
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
             if value >= 2**31:
                 raise ValueError(f"{name} must be below 2^31 (the kernels take it as a 32-bit "
@@ -339,7 +339,7 @@ class Kernel:
         if not self._has_launch_contract():
             return
         want_grid, want_block, _ = self.launch_config(n_rows, n_dim)
-        got_grid, got_block = _dims3(grid), _dims3(block)
+        got_grid, got_block = dims3(grid), dims3(block)
         if (got_grid, got_block) != (want_grid, want_block):
             raise ValueError(
                 f"{self.id}: grid {grid!r}, block {block!r} differ from launch_config({n_rows}, "
@@ -367,7 +367,7 @@ class Kernel:
         for i, name, is_int, c_type in scalars:
             value = args[i]
             if is_int:
-                if not _is_int(value):
+                if not is_int(value):
                     raise TypeError(f"{name} must be an int, got {type(value).__name__}")
                 if not -(2**31) <= int(value) < 2**31:
                     raise ValueError(f"{name}={value} does not fit a 32-bit int")

@@ -54,15 +54,15 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _dims3(value) -> tuple | None:
+def dims3(value) -> tuple | None:
     """A grid or block given as an int or a sequence of up to 3, as (x, y, z); None if neither."""
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    if not 1 <= len(dims) <= 3 or not all(_is_int(d) for d in dims):
+    if not 1 <= len(dims) <= 3 or not all(is_int(d) for d in dims):
         return None
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -135,7 +135,7 @@ class WaveGrid:
         if sms is not None:
             per_sm = self.min_blocks if blocks_per_sm is None else blocks_per_sm
             for name, value in (("sms", sms), ("blocks_per_sm", per_sm)):
-                if not _is_int(value) or value < 1:
+                if not is_int(value) or value < 1:
                     raise ValueError(f"{name} must be a positive int, got {value!r}")
             most = min(most, int(per_sm) * int(sms))
         return (most, 1, 1), block, shared_mem
@@ -144,7 +144,7 @@ class WaveGrid:
         """ValueError unless block is launch_config's and grid is [G, 1, 1], 1 <= G <= the
         widest grid: fewer blocks only take more rows each."""
         (most, _, _), want_block, _ = self.launch_config(n_rows, n_dim)
-        got_grid, got_block = _dims3(grid), _dims3(block)
+        got_grid, got_block = dims3(grid), dims3(block)
         if got_block != want_block or got_grid is None or got_grid[1:] != (1, 1) or \
                 not 1 <= got_grid[0] <= most:
             raise ValueError(

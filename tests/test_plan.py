@@ -149,3 +149,27 @@ def test_cek_plan_refuses_a_bad_shape_in_one_line(args, message):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.output
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_no_rows_ask_nothing_of_cupy(cuda, monkeypatch, reduction):  # noqa: F811
+    """N = 0: the plan launches nothing, so cek.torch neither launches nor asks for CuPy (a
+    host without it gets torch's value), with or without gradients."""
+    from cek import gpu
+
+    def no_cupy():
+        raise AssertionError("CuPy asked for with nothing to launch")
+
+    monkeypatch.setattr(gpu, "require_cupy", no_cupy)
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: True)
+    for grads in (False, True):
+        x1, x2 = (torch.zeros(0, 5).as_subclass(CudaLike).requires_grad_(grads) for _ in "12")
+        loss = ct.cosine_embedding_loss(x1, x2, torch.zeros(0).as_subclass(CudaLike),
+                                        reduction=reduction)
+        want = torch.nn.functional.cosine_embedding_loss(torch.zeros(0, 5), torch.zeros(0, 5),
+                                                         torch.zeros(0), reduction=reduction)
+        torch.testing.assert_close(loss.as_subclass(torch.Tensor), want, equal_nan=True)
+        if grads:
+            loss.sum().backward()
+            assert x1.grad.shape == (0, 5)
+    assert cuda.ids() == []

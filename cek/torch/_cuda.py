@@ -125,13 +125,16 @@ def _run(x1, step, op, values):
     between calls. The buffers they write that the caller does not hand in (the split's partial
     sums, the reduction's partials and result: Plan.made) are allocated first, by torch on its
     current stream."""
-    for buffer in step.made.get(op, ()):
+    launches = step.ops.get(op)
+    if not launches:  # no rows: nothing runs, and CuPy is not needed
+        return
+    for buffer in step.made[op]:
         values[buffer.name] = x1.new_empty(buffer.shape, dtype=_TORCH_DTYPES[buffer.dtype])
     cupy = gpu.require_cupy()
     device = x1.device
     stream = _StreamHandle(torch.cuda.current_stream(device))
     with cupy.cuda.Device(device.index):
-        for launch in step.ops.get(op, ()):
+        for launch in launches:
             _launch(launch, values, cupy, device.index, stream)
 
 
