@@ -364,9 +364,9 @@ class Kernel:
             raise TypeError(f"{self.name} takes {len(self.args)} arguments, got {len(args)}")
         scalars, pointers, shapes = _arg_plan(type(self), self.dtype)
         cast = list(args)
-        for i, name, is_int, c_type in scalars:
+        for i, name, integral, c_type in scalars:
             value = args[i]
-            if is_int:
+            if integral:
                 if not is_int(value):
                     raise TypeError(f"{name} must be an int, got {type(value).__name__}")
                 if not -(2**31) <= int(value) < 2**31:
