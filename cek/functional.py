@@ -334,7 +334,7 @@ def gpu_rows(x1, x2, y, dy, scale, margin, *, dtype="f32", want_loss, want_grads
         dx2 = cupy.empty((n, d), dtype=x1.dtype) if dx2 is None else dx2
     # A few wide rows: the split's partial sums first, then its kernel of each result.
     sums = _split_sums(cupy, x1, x2, dtype)
-    # The *_rows variants: several narrow rows per block, the same results (cek_row.cuh).
+    # The *_rows variants: several narrow rows per block, the same results (cek_row_group.cuh).
     if not want_grads:
         if sums is None:
             kernel = CosineEmbeddingLossForwardRows.for_n_dim(d, dtype)
