@@ -34,7 +34,7 @@ LOADER_OPTIONS = ("-std=c++17", "-lineinfo")
 # What CuPy's compile adds itself, in its order (cupy/cuda/compiler.py): -ftz=true on every
 # compile (float32 subnormals read and written as zero; the emulator flushes alike), then the
 # architecture, then --device-as-default-execution-space, which NVRTC before 13.2 needs for the
-# generic lambdas of kernels/cek_row.cuh (without it 12.x and 13.0 call them host functions).
+# generic lambdas of kernels/cek_block_row.cuh (without it 12.x and 13.0 call them host functions).
 CUPY_ADDED_BEFORE_ARCH = ("-ftz=true",)
 CUPY_ADDED_AFTER_ARCH = ("--device-as-default-execution-space",)
 # The oldest NVRTC every kernel is compiled with in CI (.ci/nvrtc-matrix.txt): CuPy 14's oldest

@@ -61,7 +61,7 @@ def max_n_dim(dtype: str) -> int:
 
 def splits(n_rows: int, n_dim: int, dtype: str) -> bool:
     """Whether cek's launchers run the split pair for an n_rows x n_dim problem: rows wider than
-    the one-block-per-row kernels take (2^20), however many; and rows they stream (cek_row.cuh),
+    the one-block-per-row kernels take (2^20), however many; and rows they stream (cek_tiling.cuh),
     fewer than SPLIT_BELOW_ROWS of them, where cek.split_model finds the split faster."""
     if n_dim > ONE_BLOCK_MAX_N_DIM:
         return True

@@ -19,7 +19,7 @@ import numpy as np
 from cek import dtypes
 from cek.kernel_args import Arg, _arg_dtype, _arg_plan, _size_positions, address, c_scalar
 from cek.sources import load_kernel_source
-# the launch's shape, mirrored from kernels/cek_row.cuh (all of it importable from here too)
+# the launch's shape, mirrored from kernels/cek_tiling.cuh (all of it importable from here too)
 from cek.tiling import (GROUPED_16_BIT_SIZE, GROUPED_THREADS, MAX_BLOCKS_PER_SM,
                         MAX_GROUPED_CHUNKS, MAX_GROUPED_SIZE, MAX_THREADS, SM_LIMITS, SM_THREADS,
                         TAIL_THREADS, TWO_PAIRS_FROM_CHUNKS, WARP, RowGroups, WaveGrid, dims3,
@@ -149,7 +149,7 @@ class Kernel:
         return self.min_blocks
 
     def _tiling_asserts(self) -> str:
-        """static_asserts that the tiling this class launches with is CekTiling's (cek_row.cuh):
+        """static_asserts that the tiling this class launches with is CekTiling's (cek_tiling.cuh):
         NVRTC and the emulator's g++ both refuse a kernel whose two mirrors disagree. None for
         a kernel not built on cek_row.cuh."""
         if "struct CekTiling" not in self.kernel_source:
@@ -203,7 +203,7 @@ class Kernel:
     def bytes_moved(self, n_rows: int, n_dim: int) -> int:
         raise NotImplementedError
 
-    # -- tiling: mirrors CekTiling in kernels/cek_row.cuh ----------------------------------
+    # -- tiling: mirrors CekTiling in kernels/cek_tiling.cuh -------------------------------
 
     @property
     def vec(self) -> int:
@@ -285,7 +285,7 @@ class Kernel:
         """CekTiling::CHUNKS: BLOCK_SIZE/VEC/1024, at least 1, and at least 2 for float and 16-bit
         rows of 256 chunks or more (BLOCK_SIZE >= 1024 in float, 2048 in 16-bit types: twice the
         bytes in flight a thread, the row's once-a-thread work spread over twice the bytes;
-        kernels/cek_row.cuh)."""
+        kernels/cek_tiling.cuh)."""
         if self.streamed:
             return 1
         least = 2 if dtypes.get(self.dtype).array.itemsize in (2, 4) and \

@@ -1,6 +1,6 @@
 """Every path a kernel's rows can take, the smallest problem that reaches each, and a run of it.
 
-The kernels choose a path per dtype and row width when they are compiled (kernels/cek_row.cuh:
+The kernels choose a path per dtype and row width when they are compiled (kernels/cek_tiling.cuh:
 row groups, one block a row with CHUNKS chunk pairs a thread, tailed rows, streamed rows) and per
 row when they run (a huge row is summed again, after a second block reduction). The split's
 pairs and the reduction have paths of their own. The race and address sanitizers run each path
@@ -53,7 +53,7 @@ class KernelPath:
 
 def tiling(kernel: Kernel, n_dim: int) -> str:
     """The path a row of n_dim elements takes in `kernel`, in words: the facts that decide its
-    barriers, shared memory and bounds (kernels/cek_row.cuh's tiling comment)."""
+    barriers, shared memory and bounds (kernels/cek_tiling.cuh's tiling comment)."""
     if isinstance(kernel, RowGroups) and kernel.grouped:
         lanes = "one lane" if kernel.group == 1 else \
             "a warp" if kernel.group == WARP else "lanes of a warp"

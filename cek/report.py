@@ -116,7 +116,7 @@ def _compiled(kernel: Kernel, arch: str, tool: str | None) -> tuple[dict, dict |
         return summary, None
     # One build, the one that launches: its resources, and the SASS facts of the path an
     # ordinary aligned row takes through it, the code CEK_RARE_PATH() marks in the source (the
-    # misaligned fallbacks, the huge-row branches: kernels/cek_row.cuh) left out, and of every
+    # misaligned fallbacks, the huge-row branches: kernels/cek_*.cuh) left out, and of every
     # block. compile_kernel names the source <id>.cu.
     marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu", l2_reads=L2_READS)
     return summary, sass.facts(sass.disassemble(compiled.cubin, tool), marks).as_dict()

@@ -3,7 +3,7 @@
 
 The walk is static: each instruction once, in program order, loops not unrolled. nvdisasm's `-gi`
 gives every instruction its source line and the lines of the calls it was inlined at (the
-kernels compile with `-lineinfo`). `CEK_RARE_PATH()` (kernels/cek_row.cuh) marks in the source
+kernels compile with `-lineinfo`). `CEK_RARE_PATH()` (kernels/cek_chunk.cuh) marks in the source
 the rest of its scope as rare code (the misaligned-view fallbacks, the huge-row branches) and the
 `if` that opens it as a rare decision (`Marks`); the walk finds that code by its lines, whatever
 the marker compiles to. The ordinary path is what the kernel's entry reaches without taking the

@@ -91,7 +91,7 @@ def issue_rate(blocks: int) -> float:
 
 def one_block_rate(itemsize: int) -> float:
     """Bytes a second one streamed block moves: its loads in flight over the loaded latency
-    (CEK_STREAM_UNROLL = 4 chunk pairs a thread, 2 in 16-bit types: cek_row.cuh), at most what
+    (CEK_STREAM_UNROLL = 4 chunk pairs a thread, 2 in 16-bit types: cek_stream.cuh), at most what
     one SM's memory pipeline takes (SM_BYTES_PER_CYCLE at SM_CLOCK_HZ)."""
     pairs = 2 if itemsize == 2 else 4
     return min(THREADS * pairs * 2 * CHUNK_BYTES / LOADED_LATENCY_S,

@@ -1,4 +1,4 @@
-"""How a launch is shaped, mirrored from kernels/cek_row.cuh (CekTiling): its constants, the
+"""How a launch is shaped, mirrored from kernels/cek_tiling.cuh (CekTiling): its constants, the
 SM limits ptxas takes __launch_bounds__ against, the widest row held in registers, and the two
 mixins that change a Kernel's launch: row groups for narrow rows, and a grid of one wave for the
 keep kernels. The Kernel base class and its launch contract in words are cek.kernel's."""
@@ -12,7 +12,7 @@ import numpy as np
 
 from cek import dtypes
 
-# Mirrors of the constants in kernels/cek_row.cuh.
+# Mirrors of the constants in kernels/cek_tiling.cuh.
 WARP = 32
 MAX_THREADS = 1024
 TWO_PAIRS_FROM_CHUNKS = 256  # CEK_TWO_PAIRS_FROM_CHUNKS: 513 floats, 1025 16-bit values and up
@@ -67,7 +67,7 @@ def is_int(value: Any) -> bool:
 
 
 class RowGroups:
-    """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_row.cuh):
+    """Mixin for kernels that run narrow rows in row groups (CekTiling::GROUPED in cek_tiling.cuh):
     up to 64 chunks and 256 elements per row, and 16-bit rows of 513..1024 (four chunk pairs a
     lane), GROUP lanes of a warp own a row (min(32, chunks), half the chunks for float and
     16-bit rows of 2..32 chunks: two pairs a lane) and a 256-thread block holds

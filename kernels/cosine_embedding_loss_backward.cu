@@ -16,7 +16,7 @@
 // elements a thread holds, by dtype and BLOCK_SIZE (as `cek list` prints it):
 //   f32: 4 (1..512), 8 (1024..8192), 16 (16384); f64: 2 (1..2048), 4 (4096), 8 (8192);
 //   f16, bf16: 8 (1..1024), 16 (2048..16384)
-// (two 16-byte chunks a thread from 256 chunks, 513 floats and 1025 16-bit values: cek_row.cuh),
+// (two 16-byte chunks a thread from 256 chunks, 513 floats and 1025 16-bit values: cek_tiling.cuh),
 // but 672 where that gives 704 or 736 in float at BLOCK_SIZE 8192 (CekTiling::TAILED: a thread
 // then holds one element past its chunks); wider rows (above 16384 elements, 8192 doubles): 1024
 // threads stream the row.
@@ -24,7 +24,7 @@
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 and write dx1, dx2 once, plus y and
 // dy: 4*S*N*D + A*N + S*N (16*N*D + 8*N in float; the variants' dy_stride 0: S for dy). A
 // streamed row is read twice: 6*S*N*D. These count ordinary rows: a row with a squared norm of
-// 2^64 or more in float (2^512 in double) is summed again rescaled and read again (cek_row.cuh,
+// 2^64 or more in float (2^512 in double) is summed again rescaled and read again (cek_huge.cuh,
 // "Huge rows").
 //
 // cosine_embedding_loss_backward_rows: cek's own backward, with the upstream gradient in place:
@@ -35,7 +35,7 @@
 // (float: n_dim <= 256), and 16-bit rows of 513..1024, in row groups, 256 threads a block,
 // GROUP (CekTiling::GROUP) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows
 // exactly as above. The faster variant for narrow rows: one block per row gives a 128-float row
-// a one-warp block (cek_row.cuh).
+// a one-warp block (cek_tiling.cuh).
 //
 // cosine_embedding_loss_backward_keep: the _rows variant's arguments and results, for dx1 and dx2
 // that already hold the gradients for an upstream gradient of 1 (cek.torch's training step runs

@@ -8,19 +8,19 @@
 // A NaN in a row gives a NaN loss for labels +-1.
 //
 // Launch contract: grid [n_rows, 1, 1], one block per row. BLOCK_SIZE = next_power_of_two(n_dim),
-// at most 2^20; threads as in the backward kernel (see cek_row.cuh).
+// at most 2^20; threads as in the backward kernel (see cek_tiling.cuh).
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc)): read x1, x2 once, read y and write out:
 // 2*S*N*D + 2*A*N (8*N*D + 8*N in float).
 // These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
-// double) is summed again rescaled, a streamed one with one more read (cek_row.cuh, "Huge rows").
+// double) is summed again rescaled, a streamed one with one more read (cek_huge.cuh, "Huge rows").
 //
 // cosine_embedding_loss_forward_rows: the same arguments and results, with the fused kernel's
 // launch contract: rows of up to 64 chunks and 256 elements (float: n_dim <= 256), and 16-bit
 // rows of 513..1024, in row groups,
 // 256 threads a block, GROUP (CekTiling::GROUP) lanes per row, grid
 // [ceil(n_rows / (256 / GROUP)), 1, 1]; wider rows exactly as above. The faster variant for
-// narrow rows (cek_row.cuh). A mean or sum is a second launch, cosine_embedding_loss_reduce.
+// narrow rows (cek_tiling.cuh). A mean or sum is a second launch, cosine_embedding_loss_reduce.
 #include "cek_row.cuh"
 
 template <int BLOCK_SIZE, typename T = float>

@@ -16,7 +16,7 @@
 //   rows later (cek.torch's training step), so that no copy of them is launched before.
 //
 // Launch contract (BLOCK_SIZE = next_power_of_two(n_dim), at most 2^20; VEC = 16 / sizeof(T),
-// ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_row.cuh):
+// ROW_CHUNKS = BLOCK_SIZE / VEC; see cek_tiling.cuh):
 //   ROW_CHUNKS <= 64 and BLOCK_SIZE <= 256 (n_dim <= 256; 128 doubles), and 16-bit rows of
 //     BLOCK_SIZE 1024 (n_dim 513..1024, four chunk pairs a lane): row groups. 256 threads a
 //     block, GROUP (CekTiling::GROUP) lanes per row, grid [ceil(n_rows / (256 / GROUP)), 1,
@@ -29,7 +29,7 @@
 // A streamed row is read twice: 6*S*N*D + 2*A*N.
 // A mean or sum is a second launch, cosine_embedding_loss_reduce, over the per-row losses.
 // These count ordinary rows: a row with a squared norm of 2^64 or more in float (2^512 in
-// double) is summed again rescaled and read again (cek_row.cuh, "Huge rows").
+// double) is summed again rescaled and read again (cek_huge.cuh, "Huge rows").
 #include "cek_row.cuh"
 
 // A row's label and dy[row] (1 without dy), loaded before the row itself so that all of a

@@ -27,7 +27,7 @@
 //
 // Bytes moved (S = sizeof(T), A = sizeof(Acc), G = blocks of the first level, 0 for one
 // launch): read loss once, write and read the partials once, write reduced: A*N + 2*A*G + S.
-// cek_row.cuh: CEK_RARE_PATH(), which marks the misaligned fallback for the static report.
+// cek_row.cuh: CEK_RARE_PATH() (cek_chunk.cuh) marks the misaligned fallback for the static report.
 #include "cek_row.cuh"
 
 constexpr int CEK_REDUCE_THREADS = 1024;

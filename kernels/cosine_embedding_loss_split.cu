@@ -11,7 +11,7 @@
 //     r*S + s) once, all its loads in flight together, and writes sums[r*S + s] = (sq1, sq2,
 //     dot, far) in Acc for each, summed as if it were the block's only slice. far = 0, but for
 //     a slice whose sq1 or sq2 is not finite: that side is summed again scaled by
-//     CekLimits::FAR (far bit 0: x1, bit 1: x2), as one block rescales a huge row (cek_row.cuh,
+//     CekLimits::FAR (far bit 0: x1, bit 1: x2), as one block rescales a huge row (cek_huge.cuh,
 //     "Huge rows").
 //   the second launch, one per result: every block of row r adds the row's S partials in one
 //     fixed tree over its 1024 threads (thread t holds partial t), so each of them holds the

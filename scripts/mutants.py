@@ -56,7 +56,13 @@ STREAMED_ROWS = (KERNELS, "-k", "streams")
 SPLIT_TESTS = ("tests/test_cosine_embedding_loss_split.py",)
 REDUCE_TESTS = ("tests/test_cosine_embedding_loss_reduce.py",)
 CUDA_GLUE = ("tests/test_torch_cuda_glue.py",)
-ROW = "kernels/cek_row.cuh"
+# The row kernels' shared code: kernels/cek_row.cuh and the headers it includes.
+CHUNK = "kernels/cek_chunk.cuh"
+SUMS = "kernels/cek_sums.cuh"
+LOSS = "kernels/cek_loss.cuh"
+HUGE = "kernels/cek_huge.cuh"
+STREAM = "kernels/cek_stream.cuh"
+BLOCK_ROW = "kernels/cek_block_row.cuh"
 SPLIT = "kernels/cosine_embedding_loss_split.cu"
 REDUCE = "kernels/cosine_embedding_loss_reduce.cu"
 BACKWARD = "kernels/cosine_embedding_loss_backward.cu"
@@ -64,42 +70,42 @@ CUDA = "cek/torch/_cuda.py"
 PLAN = "cek/plan.py"
 
 MUTANTS = (
-    # -- the row kernels (kernels/cek_row.cuh and the kernel files) ------------------------
-    Mutant("coeff-sign", ROW, "if (y == Acc(1)) return -g;", "if (y == Acc(1)) return g;",
+    # -- the row kernels (kernels/cek_row.cuh's headers and the kernel files) -------------
+    Mutant("coeff-sign", LOSS, "if (y == Acc(1)) return -g;", "if (y == Acc(1)) return g;",
            KERNEL_TESTS, "the gradient of a label 1 row with the wrong sign"),
-    Mutant("coeff-at-margin", ROW, "if (y == Acc(-1) && c > margin) return g;",
+    Mutant("coeff-at-margin", LOSS, "if (y == Acc(-1) && c > margin) return g;",
            "if (y == Acc(-1) && c >= margin) return g;", KERNEL_TESTS,
            "a label -1 row at c == margin given a gradient"),
-    Mutant("loss-margin-dropped", ROW, "return c <= margin ? Acc(0) : c - margin;",
+    Mutant("loss-margin-dropped", LOSS, "return c <= margin ? Acc(0) : c - margin;",
            "return c <= margin ? Acc(0) : c;", KERNEL_TESTS,
            "a label -1 row's loss without its margin"),
-    Mutant("last-chunk-dropped", ROW,
+    Mutant("last-chunk-dropped", CHUNK,
            "u.raw = k < n_dim ? __ldg(reinterpret_cast<const int4*>(row) + chunk) : zero;",
            "u.raw = k + CekVec<T>::N < n_dim ? __ldg(reinterpret_cast<const int4*>(row) + chunk)"
            " : zero;", KERNEL_TESTS, "a row's last 16-byte chunk read as zeros"),
-    Mutant("group-shuffle-width", ROW, "for (int offset = GROUP / 2; offset > 0; offset >>= 1)",
+    Mutant("group-shuffle-width", SUMS, "for (int offset = GROUP / 2; offset > 0; offset >>= 1)",
            "for (int offset = GROUP / 4; offset > 0; offset >>= 1)", KERNEL_TESTS,
            "a row group's sums shuffled over half its lanes"),
-    Mutant("block-sum-slot", ROW, "if (slot < n_warps) total = partial[slot];",
+    Mutant("block-sum-slot", SUMS, "if (slot < n_warps) total = partial[slot];",
            "if (slot < n_warps - 1) total = partial[slot];", KERNEL_TESTS,
            "the last warp's partial sums left out of a block's"),
-    Mutant("eps-dropped", ROW, "k.r1 = cek_rsqrt(s.sq1 + Acc(CEK_EPS));",
+    Mutant("eps-dropped", SUMS, "k.r1 = cek_rsqrt(s.sq1 + Acc(CEK_EPS));",
            "k.r1 = cek_rsqrt(s.sq1);", KERNEL_TESTS, "EPS left out: a zero row divides by 0"),
-    Mutant("huge-row-barrier", ROW,
+    Mutant("huge-row-barrier", HUGE,
            "    __syncthreads();  // every warp has read the first sums' partials\n"
            "    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);",
            "    return cek_scaled_cosine(cek_block_sum<WARPS>(s), s1, s2);",
            sanitized("backward or forward or fused"),
            "no barrier between a huge row's two block reductions (a race on shared memory)"),
-    Mutant("huge-row-gradient-scale", ROW,
+    Mutant("huge-row-gradient-scale", HUGE,
            "dx2[i] = CekType<T>::from_acc(g.s2 * (g.p * x - g.q2 * z));",
            "dx2[i] = CekType<T>::from_acc(g.s1 * (g.p * x - g.q2 * z));", HUGE_ROWS,
            "a huge row's dx2 scaled back by x1's scale"),
-    Mutant("tail-element-dot", ROW,
+    Mutant("tail-element-dot", BLOCK_ROW,
            "        s.dot += x * z;\n        if (k < n_dim) cek_tail_pair",
            "        if (k < n_dim) cek_tail_pair", TAILED_ROWS,
            "a tailed row's element past the chunks left out of the dot product"),
-    Mutant("streamed-remainder", ROW,
+    Mutant("streamed-remainder", STREAM,
            "    for (; chunk < n_chunks; chunk += stride)\n        cek_accumulate(s,",
            "    for (; chunk < n_chunks - 1; chunk += stride)\n        cek_accumulate(s,",
            STREAMED_ROWS, "a streamed row's last chunk left out of its sums"),

@@ -41,7 +41,7 @@ def test_the_copy_has_every_file_git_keeps_and_a_mutant_is_reverted(tmp_path):
     for name in ("kernels/cek_row.cuh", "scripts/mutants.py", "tests/conftest.py"):
         assert (tmp_path / name).read_bytes() == (ROOT / name).read_bytes()
     assert not (tmp_path / ".git").exists()
-    plant = mutants.Mutant("probe", "kernels/cek_row.cuh", mutants.MUTANTS[0].old,
+    plant = mutants.Mutant("probe", "kernels/cek_loss.cuh", mutants.MUTANTS[0].old,
                            mutants.MUTANTS[0].new, ("tests/test_nothing_here.py",), "a probe")
     outcome = mutants.run_mutant(tmp_path, plant, timeout=120)
     assert outcome.verdict == "error"  # no such test file: pytest cannot run it

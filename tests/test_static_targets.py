@@ -335,7 +335,7 @@ def test_the_split_models_figures_are_the_kernels_and_the_gpus():
 
     from cek import split_model
 
-    source = (Path(__file__).parents[1] / "kernels" / "cek_row.cuh").read_text()
+    source = (Path(__file__).parents[1] / "kernels" / "cek_stream.cuh").read_text()
     unroll = int(re.search(r"constexpr int CEK_STREAM_UNROLL = (\d+);", source)[1])
     assert "sizeof(T) == 2 ? CEK_STREAM_UNROLL / 2 : CEK_STREAM_UNROLL" in source
     h200 = report.GPUS["h200"]

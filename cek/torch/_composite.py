@@ -10,7 +10,7 @@ any other label; float16 and bfloat16 are computed in float32 and the result cas
 x2 may differ in dtype (as the ops, cek/torch/_ops.py): the loss is in their common dtype, each
 gradient in its own input's.
 
-Huge rows, as the kernels take them (kernels/cek_row.cuh, "Huge rows"): a side whose squared
+Huge rows, as the kernels take them (kernels/cek_huge.cuh, "Huge rows"): a side whose squared
 norm reaches BIG, about the square root of the accumulation dtype's largest value (float32:
 |x| from ~1e19 overflows it, float64: from ~1e154), is summed scaled by a power of two s; c does
 not change, EPS is scaled alike and r = s * rho with rho the scaled row's. s brings the row's

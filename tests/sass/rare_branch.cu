@@ -1,4 +1,4 @@
-// A rare branch marked as the kernels mark one (CEK_RARE_PATH(), kernels/cek_row.cuh: nothing in
+// A rare branch marked as the kernels mark one (CEK_RARE_PATH(), kernels/cek_chunk.cuh: nothing in
 // the code, a mark in the source), which loads again after using the first load: the walk leaves
 // it out, so 1 round and one LDG.E, where reading the branch as ordinary code gives 2 rounds and
 // two loads.
