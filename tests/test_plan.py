@@ -173,3 +173,38 @@ def test_no_rows_ask_nothing_of_cupy(cuda, monkeypatch, reduction):  # noqa: F81
             loss.sum().backward()
             assert x1.grad.shape == (0, 5)
     assert cuda.ids() == []
+
+
+def test_from_the_public_function_to_the_launch_through_few_modules(cuda, monkeypatch):  # noqa: F811
+    """At each launch, cek's modules on the call stack, from the public function down: at most
+    six, none entered again after it was left (no climbing back up to a module a call passed)."""
+    import traceback
+
+    from cek import gpu
+
+    paths, real = [], gpu.get_function
+
+    def get_function(kernel, options=()):
+        function = real(kernel, options)
+
+        def traced(*args, **kwargs):
+            modules = []
+            for frame in traceback.extract_stack()[:-1]:
+                name = frame.filename.replace("\\", "/").rpartition("/cek/")[2]
+                if "/cek/" in frame.filename.replace("\\", "/") and name not in modules[-1:]:
+                    modules.append(name)
+            paths.append(modules)
+            return function(*args, **kwargs)
+        return traced
+
+    monkeypatch.setattr(gpu, "get_function", get_function)
+    monkeypatch.setattr(ct, "_plain_eager", lambda *tensors: True)
+    x1, x2 = (torch.randn(8, 64).as_subclass(CudaLike).requires_grad_() for _ in "12")
+    for _ in range(2):  # a signature's first step, checked in full; a later one
+        ct.cosine_embedding_loss(x1, x2, torch.ones(8).as_subclass(CudaLike)).backward()
+    a1, a2 = (cuda.array(np.random.rand(8, 64).astype(np.float32)) for _ in "12")
+    F.cosine_embedding_loss_fused(a1, a2, cuda.array(np.ones(8, np.float32)))
+    assert len(paths) == 8 and ["functional.py", "gpu.py"] in paths
+    assert ["torch/__init__.py", "torch/_ops.py", "torch/_cuda.py", "gpu.py"] in paths
+    for modules in paths:
+        assert len(modules) <= 6 and len(set(modules)) == len(modules), modules
