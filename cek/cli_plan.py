@@ -31,8 +31,11 @@ ROUTE_HELP = {
 @click.option("--route", type=click.Choice(list(plan.ROUTES)), default="torch",
               show_default=True, help="Who calls: " + "; ".join(
                   f"{name}: {text}" for name, text in ROUTE_HELP.items()) + ".")
+@click.option("--report", "report_gpu", type=click.Choice(["a100", "h100", "h200"]),
+              help="Print the static report of each launch on this GPU instead (`cek compile "
+                   "--report`'s rows, compiled for its arch with NVRTC; no GPU needed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan_command(n_rows, n_dim, dtype, reduction, no_grad, route, as_json) -> None:
+def plan_command(n_rows, n_dim, dtype, reduction, no_grad, route, report_gpu, as_json) -> None:
     """What a call launches at one shape, in order: each kernel (its `cek list` name), grid,
     block, shared memory and the bytes it moves, the workspace it allocates, and why."""
     try:
@@ -40,6 +43,9 @@ def plan_command(n_rows, n_dim, dtype, reduction, no_grad, route, as_json) -> No
                          route=route)
     except ValueError as exc:  # a problem no kernel takes: rows too wide, too many blocks
         raise click.UsageError(str(exc)) from exc
+    if report_gpu is not None:
+        _print_report(step, report_gpu, as_json)
+        return
     if as_json:
         click.echo(json.dumps(step.as_dict(), indent=2))
         return
@@ -63,6 +69,31 @@ def plan_command(n_rows, n_dim, dtype, reduction, no_grad, route, as_json) -> No
     if any(getattr(launch.kernel, "wave_grid", False) for launch in step.launches):
         click.echo("note: a keep kernel launches one wave of the device's multiprocessors, "
                    "at most the grid shown")
+
+
+def _print_report(step: plan.Plan, gpu: str, as_json: bool) -> None:
+    """The static report of each launch of `step`, in order, on `gpu` (its arch): the launch's
+    own grid, but a keep kernel's, which is one wave of that GPU (report.static_row)."""
+    from cek import report, sass
+    from cek.compile import CompileError
+
+    rows = []
+    for launch in step.launches:
+        click.echo(f"reporting {launch.kernel.id} for {gpu}, {launch.values['n_rows']} x "
+                   f"{step.n_dim}", err=True)
+        wave = getattr(launch.kernel, "wave_grid", False)
+        try:
+            row = report.static_row(launch.kernel, launch.values["n_rows"], step.n_dim,
+                                    arch=report.GPUS[gpu].arch, gpu=gpu,
+                                    launch=None if wave else launch.config)
+        except (CompileError, sass.NvdisasmFailed) as exc:
+            raise click.ClickException(str(exc)) from exc
+        rows.append({"op": launch.op, **row})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif rows:
+        table = [{"op": r["op"], **t} for r, t in zip(rows, report.table_rows(rows))]
+        click.echo(_table(table, list(table[0])))
 
 
 def _itemsize(dtype: str) -> int:

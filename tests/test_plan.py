@@ -208,3 +208,18 @@ def test_from_the_public_function_to_the_launch_through_few_modules(cuda, monkey
     assert ["torch/__init__.py", "torch/_ops.py", "torch/_cuda.py", "gpu.py"] in paths
     for modules in paths:
         assert len(modules) <= 6 and len(set(modules)) == len(modules), modules
+
+
+@pytest.mark.compile
+def test_cek_plan_reports_each_launch_of_the_plan():
+    """`cek plan --report GPU`: the static report's row of each launch, in the plan's order,
+    with the plan's grid (the reduction's two levels: a block per slice, then one)."""
+    args = ["plan", "--n-rows", "70000", "--n-dim", "8", "--no-grad", "--report", "h200"]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    step = _plan(70000, 8, "f32", "mean", grads=False)
+    assert [r["kernel_id"] for r in rows] == _ids(step.launches)
+    assert [r["grid"] for r in rows] == [list(l.grid) for l in step.launches]
+    assert [r["grid"][0] for r in rows[1:]] == [3, 1]  # 32768 losses a block, then their sum
+    assert all(r["op"] == "forward" and r["arch"] == "sm_90" for r in rows)
