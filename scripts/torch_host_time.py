@@ -2,6 +2,7 @@
 this loss, on tiny CPU tensors, in one run.
 
     python scripts/torch_host_time.py [--shape 4x8 ...] [--repeats 30] [--steps 50] [--profile]
+    python scripts/torch_host_time.py --ops [--shape 16x768]
 
 A step is `loss_fn(x1, x2, y, margin=0.1).backward()` on N x D float32 inputs that require grad
 (4 x 8 unless --shape says otherwise; repeatable). torch's step is F.cosine_embedding_loss on CPU
@@ -142,6 +143,36 @@ def profile(steps=2000):
     pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
 
 
+def ops_time(shape=(16, 768), repeats=40, calls=200) -> dict[str, float]:
+    """The CUDA ops' own host time, without autograd and the public function: the least thread
+    CPU seconds a call of the eager step's ops (fused_forward, then keep_backward) and of the
+    forward alone took, over `repeats` runs of `calls` calls. Thread CPU time is what another
+    process on a busy machine disturbs least; the least of many runs, the least disturbed."""
+    import torch as t
+
+    out = {}
+    with cuda_path():
+        x1, x2, y = inputs(True, shape)
+        a1, a2, one = x1.detach(), x2.detach(), t.ones(())
+
+        def eager_step():
+            _, kept = _cuda.fused_forward(a1, a2, y, 0.1, "mean")
+            _cuda.keep_backward(one, a1, 0.1, "mean", kept)
+
+        for name, call in (("fused_forward + keep_backward", eager_step),
+                           ("forward", lambda: _cuda.forward(a1, a2, y, 0.1, "mean"))):
+            for _ in range(calls):
+                call()
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.thread_time()
+                for _ in range(calls):
+                    call()
+                best = min(best, (time.thread_time() - start) / calls)
+            out[name] = best
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -149,9 +180,16 @@ def main():
     parser.add_argument("--shape", action="append", type=_shape, metavar="NxD",
                         help="inputs' shape (repeatable; 4x8 by default)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--ops", action="store_true",
+                        help="the CUDA ops' own host time (thread CPU time) instead")
     args = parser.parse_args()
     if args.profile:
         profile()
+        return
+    if args.ops:
+        for shape in args.shape or [(16, 768)]:
+            for name, seconds in ops_time(shape).items():
+                print(f"{shape[0]}x{shape[1]} {name}: {seconds * 1e6:.1f} us thread CPU a call")
         return
     for shape in args.shape or [(N, D)]:
         cek_s, torch_s, launches = measure(args.repeats, args.steps, shape)
