@@ -19,7 +19,7 @@ instructions each issues for a byte:
   DRAM does).
 
 Instructions issued per byte (ISSUE) are constants measured from the kernels' SASS
-(`measured_issue`, `python -m cek.split_model --measured`); tests/test_split_model.py recomputes
+(`cek.split_issue`, `python -m cek.split_issue`); tests/test_split_model.py recomputes
 them on the pinned toolchain and fails when one drifts by more than ISSUE_TOLERANCE. The other
 constants are those of the H200 (132 SMs, 60 MB of L2 and a device-to-device copy of about
 4.3 TB/s, as read on one; 700 ns loaded DRAM latency, 2.5 us to launch and drain a kernel and
@@ -71,7 +71,7 @@ class Issue:
     per_row: int
 
 
-# Measured on NVRTC 13.5 (sm_90) at 8 x 2^20 by measured_issue. By itemsize, as the rest of the
+# Measured on NVRTC 13.5 (sm_90) at 8 x 2^20 by cek.split_issue. By itemsize, as the rest of the
 # model: the 16-bit figures are bfloat16's (float16's are within ISSUE_TOLERANCE of them).
 ISSUE = {
     4: Issue(sums=5.544, fused_split=4.546, first_pass=1.031, second_pass=0.883, per_row=269),
@@ -160,50 +160,12 @@ def issue_share_at_copy_rate(per_byte: float) -> float:
     return per_byte * COPY_BYTES_PER_S / issue_rate(SMS)
 
 
-def measured_issue(dtype: str) -> Issue:
-    """ISSUE's figures for `dtype`, read again from the SASS of the NVRTC at hand (sm_90, the
-    ordinary path of cek.sass, at MEASURED_AT). Needs NVRTC and nvdisasm; slow (three
-    compiles)."""
-    from cek import report, sass
-    from cek.compile import compile_kernel
-    from cek.kernel import kernel_classes
-    from cek.sass_parse import load_width, parse
-
-    n_rows, n_dim = MEASURED_AT
-    per_byte = {}
-    for name in ("split-sums", "fused-split"):
-        kernel = kernel_classes()[name].for_n_dim(n_dim, dtype)
-        row = report.static_row(kernel, n_rows, n_dim)
-        threads = row["grid"][0] * row["block"][0]
-        per_byte[name] = row["sass"]["instructions"] * threads / kernel.bytes_moved(n_rows, n_dim)
-    kernel = kernel_classes()["fused"].for_n_dim(n_dim, dtype)
-    marks = sass.Marks.from_source(kernel.source, f"{kernel.id}.cu", l2_reads=report.L2_READS)
-    blocks = parse(sass.disassemble(compile_kernel(kernel, "sm_90").cubin))
-    path = sass.ordinary_path(blocks, marks)
-    index = {id(b): n for n, b in enumerate(blocks)}
-    loops = [[i for b in loop for i in b]
-             for loop in sass._loops(blocks, [index[id(b)] for b in path])]
-
-    def moved(code, base):
-        return sum(load_width(i.opcode) // 8 for i in code if i.base == base)
-
-    # The main loops move the most bytes a trip: the sums' loads only, the gradients' stores too.
-    first = max((c for c in loops if moved(c, "STG") == 0), key=lambda c: moved(c, "LDG"))
-    second = max(loops, key=lambda c: moved(c, "STG"))
-    in_loops = {id(b) for loop in sass._loops(blocks, [index[id(b)] for b in path])
-                for b in loop}
-    return Issue(sums=per_byte["split-sums"], fused_split=per_byte["fused-split"],
-                 first_pass=len(first) / moved(first, "LDG"),
-                 second_pass=len(second) / (moved(second, "LDG") + moved(second, "STG")),
-                 per_row=sum(len(b) for b in path if id(b) not in in_loops))
-
-
 SHAPES = [(n_rows, n_dim) for n_dim in (32768, 1 << 20) for n_rows in (8, 48, 128, 140, 256)]
 
 
 def main(argv: list[str]) -> None:
-    """The model's times and choice at SHAPES in float32 and bfloat16; with --measured, the
-    issue figures read again from the SASS beside ISSUE's."""
+    """The model's times and choice at SHAPES in float32 and bfloat16 (the issue figures read
+    again from the SASS: `python -m cek.split_issue`)."""
     for dtype, itemsize in (("f32", 4), ("bf16", 2)):
         for n_rows, n_dim in SHAPES:
             sums, second = split_launches(n_rows, n_dim, itemsize)
@@ -217,9 +179,6 @@ def main(argv: list[str]) -> None:
         print(f"itemsize {itemsize}: issue slots at the copy rate: split-sums "
               f"{issue_share_at_copy_rate(issue.sums):.0%}, fused-split "
               f"{issue_share_at_copy_rate(issue.fused_split):.0%}")
-    if "--measured" in argv:
-        for dtype in ("f32", "f64", "f16", "bf16"):
-            print(dtype, measured_issue(dtype))
 
 
 if __name__ == "__main__":
