@@ -6,8 +6,9 @@ loaded in one round). Each result is two launches, a pair: CosineEmbeddingLossSp
 every slice's partial sums into a workspace, then the kernel of the result (forward, backward,
 fused, backward-keep) adds a row's partials in a fixed order in each of its blocks and, for the
 gradients, reads its slice again.
-`splits(n_rows, n_dim, dtype)` is where cek's functions and cek.torch run the pair instead of the
-one-block-per-row kernel; it and the slices depend on N and D alone, so the bits do too.
+`splits(n_rows, n_dim, dtype)` is the rule by which cek.plan runs the pair instead of the
+one-block-per-row kernel, for cek's functions and cek.torch alike; it and the slices depend on
+N and D alone, so the bits do too.
 """
 
 from __future__ import annotations
