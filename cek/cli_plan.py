@@ -4,7 +4,6 @@ route: each launch's kernel, grid, block, shared memory and bytes, the workspace
 from __future__ import annotations
 
 import json
-import math
 
 import click
 
@@ -59,9 +58,8 @@ def plan_command(n_rows, n_dim, dtype, reduction, no_grad, route, report_gpu, as
         click.echo(_table(rows, list(rows[0])))
     workspace = [b for b in step.buffers if b.role == "workspace"]
     for buffer in workspace:
-        size = math.prod(buffer.shape) * _itemsize(buffer.dtype)
         click.echo(f"workspace: {buffer.name} {list(buffer.shape)} {buffer.dtype} "
-                   f"({size:,} bytes)")
+                   f"({buffer.nbytes:,} bytes)")
     if not workspace and rows:
         click.echo("workspace: none")
     for reason in step.why:
@@ -94,7 +92,3 @@ def _print_report(step: plan.Plan, gpu: str, as_json: bool) -> None:
     elif rows:
         table = [{"op": r["op"], **t} for r, t in zip(rows, report.table_rows(rows))]
         click.echo(_table(table, list(table[0])))
-
-
-def _itemsize(dtype: str) -> int:
-    return 2 if dtype == "bfloat16" else int(dtype.removeprefix("float")) // 8

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+
+import numpy as np
 
 from cek import cosine_embedding_loss_split as split
 from cek import dtypes, split_model, validate
@@ -64,6 +67,11 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: str  # a NumPy dtype name, or "bfloat16"
     role: str  # "input", "output" or "workspace"
+
+    @property
+    def nbytes(self) -> int:
+        itemsize = 2 if self.dtype == "bfloat16" else np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * itemsize
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # a plan's own: compared by identity
